@@ -1,0 +1,40 @@
+"""Base class of algorithm types: one name that configures a whole algorithm."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from trinity.config import Config
+
+Schema = Literal["experience", "sft", "dpo"]
+
+
+class AlgorithmType:
+    """Describes an algorithm: which models it needs and which components it uses by default.
+
+    Class attributes:
+        use_critic: train a value model (PPO).
+        use_reference: keep a frozen reference model (KL terms).
+        use_advantage: call the advantage function (SFT and DPO do not).
+        can_balance_batch: rows may be reordered when splitting into micro-batches.
+        schema: the experience format: ``experience`` (rollouts), ``sft`` or ``dpo``.
+    """
+
+    use_critic: ClassVar[bool] = False
+    use_reference: ClassVar[bool] = False
+    use_advantage: ClassVar[bool] = True
+    can_balance_batch: ClassVar[bool] = True
+    schema: ClassVar[Schema] = "experience"
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Defaults for the ``algorithm`` section: ``repeat_times``, ``advantage_fn``,
+        ``policy_loss_fn``, ``kl_loss_fn``, ``kl_penalty_fn``, ``entropy_loss_fn``,
+        ``sample_strategy``. Values the user sets win."""
+        return {}
+
+    @classmethod
+    def check_config(cls, config: Config) -> None:
+        """Validate cross-field rules on the resolved config; raise ``ValueError`` with a
+        message naming the offending key (e.g. DPO only in ``train`` mode)."""

@@ -1,0 +1,1 @@
+"""Buffers: taskset readers (explorer input) and experience storage (trainer input)."""

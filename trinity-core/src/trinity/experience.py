@@ -1,0 +1,131 @@
+"""Experience: one trajectory (or one SFT / DPO sample) on its way from explorer to trainer."""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from trinity._lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
+
+# Per-token tensors are indexed over the *response* part: tokens[prompt_length:].
+_RESPONSE_TENSORS = ("logprobs", "action_mask", "advantages", "returns", "token_level_reward")
+_TENSOR_FIELDS = ("tokens", "chosen", "rejected", *_RESPONSE_TENSORS)
+
+
+@dataclass
+class EID:
+    """Where an experience comes from: explorer ``batch`` (step), ``task`` within it, ``run``
+    (repeat index) and ``step`` (turn, for workflows that emit one experience per step)."""
+
+    batch: int | str = 0
+    task: int | str = 0
+    run: int = 0
+    step: int = 0
+    suffix: str = ""
+
+    @property
+    def tid(self) -> str:
+        """Task id: experiences with the same ``tid`` are rollouts of one task (one group)."""
+        return f"{self.batch}/{self.task}"
+
+    @property
+    def uid(self) -> str:
+        """Unique id of this experience."""
+        base = f"{self.batch}/{self.task}/{self.run}/{self.step}"
+        return f"{base}/{self.suffix}" if self.suffix else base
+
+
+@dataclass
+class Experience:
+    """One sample for the trainer.
+
+    ``tokens`` holds prompt and response token ids; ``prompt_length`` splits them. Per-token
+    tensors (``logprobs``, ``action_mask``, ``advantages``, ``returns``,
+    ``token_level_reward``) cover the response part only. ``action_mask`` marks the tokens
+    produced by the policy (multi-turn: assistant turns only); ``None`` means all response
+    tokens. DPO samples keep the prompt in ``tokens`` and the two responses in
+    ``chosen`` / ``rejected``.
+    """
+
+    tokens: torch.Tensor
+    prompt_length: int
+    logprobs: torch.Tensor | None = None
+    reward: float | None = None
+    action_mask: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    token_level_reward: torch.Tensor | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    prompt_text: str | None = None
+    response_text: str | None = None
+    eid: EID = field(default_factory=EID)
+    model_version: int = 0
+    chosen: torch.Tensor | None = None
+    rejected: torch.Tensor | None = None
+    messages: list[dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        for name in _TENSOR_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, torch.Tensor):
+                setattr(self, name, torch.as_tensor(value))
+        if self.prompt_length < 0 or self.prompt_length > len(self.tokens):
+            raise ValueError(f"prompt_length {self.prompt_length} is outside the {len(self.tokens)} tokens")
+        if self.chosen is None:
+            n = self.response_length
+            for name in _RESPONSE_TENSORS:
+                value = getattr(self, name)
+                if value is not None and value.shape[-1] != n:
+                    raise ValueError(
+                        f"Experience.{name} has {value.shape[-1]} entries but the response has "
+                        f"{n} tokens (len(tokens) - prompt_length)"
+                    )
+
+    @property
+    def response_length(self) -> int:
+        return len(self.tokens) - self.prompt_length
+
+    # -- serialisation (SQL / file buffers, Ray object store) -------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python view: tensors become numpy arrays, ``eid`` a dict."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _TENSOR_FIELDS and value is not None:
+                value = value.detach().cpu().numpy()
+            elif f.name == "eid":
+                value = vars(value).copy()
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Experience:
+        data = dict(data)
+        eid = data.pop("eid", None) or {}
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown Experience fields: {sorted(unknown)}")
+        return cls(eid=EID(**eid), **data)
+
+    def serialize(self) -> bytes:
+        """Compact binary form (numpy buffers, pickle protocol 5). Trusted storage only."""
+        return pickle.dumps(self.to_dict(), protocol=5)
+
+    @classmethod
+    def deserialize(cls, blob: bytes) -> Experience:
+        return cls.from_dict(pickle.loads(blob))
+
+
+def group_ids_of(experiences: list[Experience]) -> torch.Tensor:
+    """Long tensor ``(B,)``: equal ids for experiences of the same task (same ``eid.tid``)."""
+    ids: dict[str, int] = {}
+    return torch.tensor([ids.setdefault(e.eid.tid, len(ids)) for e in experiences], dtype=torch.long)

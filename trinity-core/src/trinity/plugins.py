@@ -1,0 +1,504 @@
+"""The plugin manager: a typed facade over pluggy.
+
+Plugins are modules holding ``@hookimpl`` functions. They come from setuptools entry points in
+the ``trinity`` group (one per distribution), from ``*.py`` files in ``--plugin-dir`` folders,
+or are registered directly (tests, embedding applications). Each hook receives a ``register``
+callback owned by the host, which checks types, rejects duplicate names and records which
+plugin provided every component.
+
+Loading is lazy and happens once per process: the first :func:`get_component` (or
+:func:`list_components`, :func:`plugin_infos`) loads everything. Ray workers load again in
+their own process; ``--plugin-dir`` folders reach them through ``TRINITY_PLUGIN_DIRS``.
+
+Environment:
+    TRINITY_LOAD_PLUGINS     comma-separated distributions to load (``""`` loads none)
+    TRINITY_DISABLE_PLUGINS  comma-separated distributions never to load
+    TRINITY_PLUGIN_DIRS      extra plugin folders (``os.pathsep``-separated)
+    TRINITY_TRACE_HOOKS      set to 1 to log every hook call to stderr
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.metadata as metadata
+import importlib.util
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from trinity import hookspecs
+
+ENTRY_POINT_GROUP = "trinity"
+ENV_LOAD = "TRINITY_LOAD_PLUGINS"
+ENV_DISABLE = "TRINITY_DISABLE_PLUGINS"
+ENV_DIRS = "TRINITY_PLUGIN_DIRS"
+ENV_TRACE = "TRINITY_TRACE_HOOKS"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of component: the hook that registers it and the base class it must subclass."""
+
+    name: str
+    hook: str
+    base: str  # "module:Class", imported on first type check to keep this module light
+
+    def base_class(self) -> type:
+        module, _, attr = self.base.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("workflow", "register_workflows", "trinity.workflow:Workflow"),
+        Kind("reward_fn", "register_reward_fns", "trinity.workflow:RewardFn"),
+        Kind("advantage_fn", "register_advantage_fns", "trinity.algorithm.advantage:AdvantageFn"),
+        Kind("policy_loss_fn", "register_policy_loss_fns", "trinity.algorithm.policy_loss:PolicyLossFn"),
+        Kind("kl_fn", "register_kl_fns", "trinity.algorithm.kl:KLFn"),
+        Kind("entropy_loss_fn", "register_entropy_loss_fns", "trinity.algorithm.entropy:EntropyLossFn"),
+        Kind(
+            "sample_strategy",
+            "register_sample_strategies",
+            "trinity.algorithm.sample_strategy:SampleStrategy",
+        ),
+        Kind("algorithm_type", "register_algorithm_types", "trinity.algorithm.algorithm_type:AlgorithmType"),
+    )
+}
+_KIND_BY_HOOK = {k.hook: k for k in KINDS.values()}
+
+# Which first-party distribution provides well-known names, for "pip install ..." hints when
+# a user asks for a component whose plugin is not installed.
+KNOWN_PROVIDERS: dict[str, dict[str, tuple[str, ...]]] = {
+    "trinity-plugins-algos": {
+        "algorithm_type": (
+            "ppo",
+            "grpo",
+            "dapo",
+            "opmd",
+            "asymre",
+            "rloo",
+            "reinforceplusplus",
+            "gspo",
+            "cispo",
+            "dpo",
+            "sft",
+            "mix",
+        ),
+        "advantage_fn": ("ppo", "grpo", "opmd", "rloo", "reinforceplusplus", "reinforce", "asymre", "remax"),
+        "policy_loss_fn": ("ppo", "opmd", "sft", "dpo", "gspo", "cispo", "mix"),
+        "kl_fn": ("none", "k1", "k2", "k3", "low_var_kl", "abs"),
+        "entropy_loss_fn": ("default", "none"),
+        "sample_strategy": ("default", "warmup", "mix", "staleness_control"),
+    },
+    "trinity-plugins-math": {
+        "workflow": (
+            "math_workflow",
+            "simple_workflow",
+            "math_boxed_workflow",
+            "async_math_workflow",
+            "async_simple_workflow",
+        ),
+        "reward_fn": (
+            "math_reward",
+            "math_boxed_reward",
+            "countdown_reward",
+            "accuracy_reward",
+            "format_reward",
+        ),
+    },
+    "trinity-plugins-webshop": {"workflow": ("webshop_workflow",)},
+}
+
+
+class PluginError(Exception):
+    """Base of plugin errors."""
+
+
+class ComponentRegistrationError(PluginError):
+    """A plugin handed ``register`` something invalid (wrong type, duplicate name)."""
+
+
+class PluginLoadError(PluginError):
+    """One or more plugins failed to load; raised by :func:`check_plugins`."""
+
+
+class UnknownComponentError(PluginError, LookupError):
+    """No component of that kind is registered under that name."""
+
+    def __init__(self, kind: str, name: str, installed: list[str]) -> None:
+        self.kind, self.name, self.installed = kind, name, installed
+        parts = [f"Unknown {kind} {name!r}."]
+        close = difflib.get_close_matches(name, installed, n=1)
+        if close:
+            parts.append(f"Did you mean {close[0]!r}?")
+        parts.append(f"Installed {kind}s: {', '.join(installed) if installed else '(none)'}.")
+        provider = _known_provider(kind, name)
+        if provider:
+            parts.append(f"{name!r} is provided by {provider}: pip install {provider}")
+        super().__init__(" ".join(parts))
+
+
+def _known_provider(kind: str, name: str) -> str | None:
+    for dist, kinds in KNOWN_PROVIDERS.items():
+        if name in kinds.get(kind, ()):
+            return dist
+    return None
+
+
+@dataclass
+class PluginInfo:
+    """What ``trinity plugins`` reports about one plugin."""
+
+    name: str
+    version: str | None = None
+    source: str = "registered"  # "entry-point", "plugin-dir" or "registered"
+    hooks: list[str] = field(default_factory=list)
+    components: dict[str, list[str]] = field(default_factory=dict)
+    error: str | None = None
+    disabled: str | None = None  # why it was not loaded (allow/deny lists)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "hooks": sorted(self.hooks),
+            "components": {k: sorted(v) for k, v in sorted(self.components.items())},
+            "error": self.error,
+        }
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def _env_list(var: str) -> set[str] | None:
+    raw = os.environ.get(var)
+    if raw is None:
+        return None
+    return {_normalise(x) for x in raw.split(",") if x.strip()}
+
+
+class TrinityPluginManager:
+    """Loads plugins and keeps the component registries.
+
+    ``autoload=False`` skips entry points (tests register plugins explicitly with
+    :meth:`register_plugin`).
+    """
+
+    def __init__(self, *, autoload: bool = True, plugin_dirs: Iterable[str | os.PathLike] = ()) -> None:
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self._pm.add_hookspecs(hookspecs)
+        if os.environ.get(ENV_TRACE):
+            self._pm.add_hookcall_monitoring(_trace_before, _trace_after)
+        self._autoload = autoload
+        self._plugin_dirs: list[Path] = []
+        self._loaded_dirs: set[Path] = set()
+        self._infos: dict[str, PluginInfo] = {}
+        self._registry: dict[str, dict[str, tuple[type, str]]] = {k: {} for k in KINDS}
+        self._loaded = False
+        self._lock = threading.RLock()
+        for d in plugin_dirs:
+            self.add_plugin_dir(d)
+
+    # -- loading -------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Load entry-point and plugin-dir plugins (once; later calls load only new dirs)."""
+        with self._lock:
+            if not self._loaded:
+                self._loaded = True
+                if self._autoload:
+                    self._load_entry_points()
+            for d in self._plugin_dirs:
+                if d not in self._loaded_dirs:
+                    self._loaded_dirs.add(d)
+                    self._load_dir(d)
+
+    def add_plugin_dir(self, path: str | os.PathLike) -> None:
+        """Load every ``*.py`` file of ``path`` as a plugin (files starting with ``_`` skipped)."""
+        p = Path(path).expanduser().resolve()
+        if not p.is_dir():
+            raise PluginError(f"--plugin-dir {path}: not a directory")
+        with self._lock:
+            if p not in self._plugin_dirs:
+                self._plugin_dirs.append(p)
+            if self._loaded:
+                self.load()
+
+    @property
+    def plugin_dirs(self) -> list[Path]:
+        return list(self._plugin_dirs)
+
+    def _load_entry_points(self) -> None:
+        allow, deny = _env_list(ENV_LOAD), _env_list(ENV_DISABLE) or set()
+        eps = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (_dist_name(e), e.name))
+        per_dist: dict[str, int] = {}
+        for ep in eps:
+            per_dist[_dist_name(ep)] = per_dist.get(_dist_name(ep), 0) + 1
+        for ep in eps:
+            dist = _dist_name(ep)
+            name = dist if per_dist[dist] == 1 else f"{dist}:{ep.name}"
+            version = ep.dist.version if ep.dist else None
+            keys = {_normalise(dist), _normalise(ep.name)}
+            if allow is not None and not keys & allow:
+                self._infos[name] = PluginInfo(name, version, "entry-point", disabled=f"not in {ENV_LOAD}")
+                continue
+            if keys & deny:
+                self._infos[name] = PluginInfo(name, version, "entry-point", disabled=f"in {ENV_DISABLE}")
+                continue
+            try:
+                module = ep.load()
+            except Exception as exc:  # a broken plugin must not brick the CLI
+                self._infos[name] = PluginInfo(
+                    name, version, "entry-point", error=_describe_exception(exc, f"importing {ep.value}")
+                )
+                continue
+            self._add(module, name, version, "entry-point")
+
+    def _load_dir(self, directory: Path) -> None:
+        deny = _env_list(ENV_DISABLE) or set()
+        for file in sorted(directory.glob("*.py")):
+            if file.name.startswith("_"):
+                continue
+            name = f"{directory.name}/{file.name}"
+            if _normalise(file.stem) in deny:
+                self._infos[name] = PluginInfo(name, None, "plugin-dir", disabled=f"in {ENV_DISABLE}")
+                continue
+            digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
+            mod_name = f"trinity_plugin_dir_{digest}_{file.stem}"
+            try:
+                module = sys.modules.get(mod_name) or _import_file(mod_name, file)
+            except Exception as exc:
+                self._infos[name] = PluginInfo(
+                    name, None, "plugin-dir", error=_describe_exception(exc, f"importing {file}")
+                )
+                continue
+            self._add(module, name, None, "plugin-dir")
+
+    def register_plugin(self, plugin: Any, name: str, version: str | None = None) -> PluginInfo:
+        """Register a plugin object (module, class or instance with ``@hookimpl`` methods).
+
+        Raises :class:`PluginError` when it is invalid; nothing of it stays registered then.
+        """
+        with self._lock:
+            self.load()
+            info = self._add(plugin, name, version, "registered")
+            if info.error:
+                if self._infos.get(name) is info:
+                    del self._infos[name]
+                raise PluginError(info.error)
+            return info
+
+    def unregister_plugin(self, name: str) -> None:
+        """Remove a plugin and everything it registered."""
+        with self._lock:
+            plugin = self._pm.get_plugin(name)
+            if plugin is not None:
+                self._pm.unregister(plugin, name)
+            self._drop_components(name)
+            self._infos.pop(name, None)
+
+    def _add(self, plugin: Any, name: str, version: str | None, source: str) -> PluginInfo:
+        info = PluginInfo(name, version, source)
+        if self._pm.get_plugin(name) is not None:
+            info.error = f"a plugin named {name!r} is already registered"
+            return info
+        self._infos[name] = info
+        try:
+            self._pm.register(plugin, name=name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            info.error = f"invalid hook implementation: {exc}"
+            return info
+        callers = self._pm.get_hookcallers(plugin) or []
+        unknown = [c.name for c in callers if c.name not in _KIND_BY_HOOK]
+        if unknown:
+            self._pm.unregister(plugin, name)
+            hints = []
+            for hook in unknown:
+                close = difflib.get_close_matches(hook, list(_KIND_BY_HOOK), n=1)
+                hints.append(f"{hook!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            info.error = (
+                f"implements unknown hook(s) {', '.join(hints)}; valid hooks: {', '.join(_KIND_BY_HOOK)}"
+            )
+            return info
+        info.hooks = sorted(c.name for c in callers)
+        others = [p for p in self._pm.get_plugins() if p is not plugin]
+        try:
+            for hook in info.hooks:
+                kind = _KIND_BY_HOOK[hook]
+                caller = self._pm.subset_hook_caller(hook, remove_plugins=others)
+                caller(register=self._registrar(kind, name, info))
+        except Exception as exc:
+            self._pm.unregister(plugin, name)
+            self._drop_components(name)
+            info.components = {}
+            if isinstance(exc, ComponentRegistrationError):
+                info.error = str(exc)
+            else:
+                info.error = _describe_exception(exc, "calling its hooks")
+        return info
+
+    def _registrar(self, kind: Kind, plugin_name: str, info: PluginInfo):
+        def register(name: str, component: type) -> None:
+            if not isinstance(name, str) or not name:
+                raise ComponentRegistrationError(
+                    f"plugin {plugin_name!r}: {kind.hook} registered a {kind.name} with an invalid name {name!r}"
+                )
+            base = kind.base_class()
+            if not (isinstance(component, type) and issubclass(component, base)):
+                raise ComponentRegistrationError(
+                    f"plugin {plugin_name!r}: {kind.name} {name!r} must be a subclass of "
+                    f"{base.__module__}.{base.__qualname__}, got {component!r}"
+                )
+            existing = self._registry[kind.name].get(name)
+            if existing is not None:
+                raise ComponentRegistrationError(
+                    f"duplicate {kind.name} {name!r}: registered by both plugin {existing[1]!r} "
+                    f"and plugin {plugin_name!r}; disable one of them with {ENV_DISABLE}"
+                )
+            self._registry[kind.name][name] = (component, plugin_name)
+            info.components.setdefault(kind.name, []).append(name)
+
+        return register
+
+    def _drop_components(self, plugin_name: str) -> None:
+        for registry in self._registry.values():
+            for comp_name in [n for n, (_, p) in registry.items() if p == plugin_name]:
+                del registry[comp_name]
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def get_component(self, kind: str, name: str) -> type:
+        """The class registered as ``name`` for ``kind`` (see :data:`KINDS`)."""
+        registry = self._kind_registry(kind)
+        try:
+            return registry[name][0]
+        except KeyError:
+            raise UnknownComponentError(kind, name, sorted(registry)) from None
+
+    def component_provider(self, kind: str, name: str) -> str:
+        """Name of the plugin that registered ``name``."""
+        self.get_component(kind, name)
+        return self._registry[kind][name][1]
+
+    def list_components(self, kind: str) -> list[str]:
+        """Sorted names registered for ``kind``."""
+        return sorted(self._kind_registry(kind))
+
+    def plugin_infos(self, include_disabled: bool = False) -> list[PluginInfo]:
+        """Every plugin seen (loaded, broken, and with ``include_disabled`` the blocked ones)."""
+        self.load()
+        return [i for i in self._infos.values() if include_disabled or not i.disabled]
+
+    def check_plugins(self) -> None:
+        """Raise :class:`PluginLoadError` naming each plugin that failed to load."""
+        broken = [i for i in self.plugin_infos() if i.error]
+        if broken:
+            lines = [f"  - {i.name}: {i.error}" for i in broken]
+            raise PluginLoadError(
+                "Some Trinity plugins failed to load:\n" + "\n".join(lines) + "\n"
+                f"Fix or uninstall them, or skip them with {ENV_DISABLE}="
+                + ",".join(i.name.split(":")[0] for i in broken)
+            )
+
+    def _kind_registry(self, kind: str) -> dict[str, tuple[type, str]]:
+        if kind not in KINDS:
+            raise PluginError(f"unknown component kind {kind!r}; kinds: {', '.join(KINDS)}")
+        self.load()
+        return self._registry[kind]
+
+
+def _dist_name(ep: metadata.EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else ep.name
+
+
+def _import_file(mod_name: str, file: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(mod_name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(mod_name, None)
+        raise
+    return module
+
+
+def _describe_exception(exc: BaseException, doing: str) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+    return f"{type(exc).__name__} while {doing}: {exc}{where}"
+
+
+def _trace_before(hook_name: str, hook_impls: list, kwargs: dict) -> None:
+    names = ", ".join(i.plugin_name for i in hook_impls)
+    print(f"[trinity] calling {hook_name} on {names}", file=sys.stderr)
+
+
+def _trace_after(outcome: Any, hook_name: str, hook_impls: list, kwargs: dict) -> None:
+    print(f"[trinity] {hook_name} done", file=sys.stderr)
+
+
+# -- the process-wide manager --------------------------------------------------------------
+
+_manager: TrinityPluginManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_manager() -> TrinityPluginManager:
+    """The process-wide manager, created on first use (plugin dirs from ``TRINITY_PLUGIN_DIRS``)."""
+    global _manager
+    with _manager_lock:
+        if _manager is None:
+            dirs = [d for d in os.environ.get(ENV_DIRS, "").split(os.pathsep) if d]
+            _manager = TrinityPluginManager(plugin_dirs=dirs)
+        return _manager
+
+
+def set_manager(manager: TrinityPluginManager | None) -> TrinityPluginManager | None:
+    """Replace the process-wide manager (tests); returns the previous one."""
+    global _manager
+    with _manager_lock:
+        previous, _manager = _manager, manager
+        return previous
+
+
+def add_plugin_dirs(dirs: Iterable[str | os.PathLike]) -> None:
+    """Add ``--plugin-dir`` folders here and export them so Ray workers load them too."""
+    manager = get_manager()
+    for d in dirs:
+        manager.add_plugin_dir(d)
+    os.environ[ENV_DIRS] = os.pathsep.join(str(p) for p in manager.plugin_dirs)
+
+
+def get_component(kind: str, name: str) -> type:
+    """The class registered as ``name`` for ``kind``; raises :class:`UnknownComponentError`."""
+    return get_manager().get_component(kind, name)
+
+
+def list_components(kind: str) -> list[str]:
+    """Sorted names registered for ``kind``."""
+    return get_manager().list_components(kind)
+
+
+def plugin_infos(include_disabled: bool = False) -> list[PluginInfo]:
+    """What ``trinity plugins`` shows."""
+    return get_manager().plugin_infos(include_disabled)
+
+
+def check_plugins() -> None:
+    """Fail fast (``PluginLoadError``) when any plugin is broken; ``trinity run`` calls this."""
+    get_manager().check_plugins()

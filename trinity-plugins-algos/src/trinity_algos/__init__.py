@@ -1,0 +1,1 @@
+"""Algorithm components (PPO, GRPO, OPMD, DPO, SFT, ...) for Trinity."""

@@ -1,0 +1,1 @@
+"""Math and countdown workflows, rewards and task generators for Trinity."""

@@ -1,0 +1,1 @@
+"""A multi-turn WebShop environment and workflow for Trinity."""
