@@ -1,0 +1,1 @@
+"""The pydantic models of each configuration section (one module per area)."""

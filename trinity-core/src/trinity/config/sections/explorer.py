@@ -1,0 +1,130 @@
+"""The ``explorer`` section: rollout engines, auxiliary models and workflow runners."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import field_validator
+
+from trinity.config.sections.base import F, Section, derived, lower_alias
+from trinity.config.sections.model import ExternalModelConfig
+
+EngineType = Literal["auto", "vllm", "vllm_async", "transformers"]
+
+
+class InferenceModelConfig(Section):
+    """An inference engine group: the rollout model or an auxiliary model (e.g. a judge)."""
+
+    model_path: str | None = F(
+        None, "Model to serve; for the rollout model it is set from `model.model_path`."
+    )
+    name: str | None = F(None, "Name workflows use to find an auxiliary model.")
+    trust_remote_code: bool = F(False, "Allow custom modelling code shipped with the model.")
+    engine_type: EngineType = F(
+        "auto",
+        "`vllm` (GPU), `transformers` (anywhere) or `auto` (vllm when installed and a GPU is visible).",
+    )
+    engine_num: int = F(1, "Number of engines.", ge=1)
+    tensor_parallel_size: int = F(1, "Tensor-parallel degree of each engine.", ge=1)
+    data_parallel_size: int = F(1, "Data-parallel degree of each engine.", ge=1)
+    pipeline_parallel_size: int = F(1, "Pipeline-parallel degree of each engine.", ge=1)
+    enable_expert_parallel: bool = F(False, "Expert parallelism for MoE models (vLLM).")
+    gpu_per_engine: int = derived(0, "tensor * data * pipeline parallel size.")
+    extra_engine_args: dict[str, Any] = F({}, "Extra keyword arguments for the engine constructor.")
+    use_v1: bool = F(True, "Use the vLLM V1 engine.")
+    enforce_eager: bool = F(False, "Disable CUDA graphs (vLLM).")
+    enable_prefix_caching: bool = F(True, "Prefix caching (vLLM).")
+    enable_chunked_prefill: bool = F(True, "Chunked prefill (vLLM).")
+    gpu_memory_utilization: float = F(0.9, "Fraction of GPU memory the engine may use (vLLM).", gt=0, le=1)
+    dtype: str = F("bfloat16", "Weight dtype of the engine (`bfloat16`, `float16`, `float32`, `auto`).")
+    seed: int = F(42, "Engine seed.")
+    temperature: float | None = derived(None, "Set from `model.temperature`.")
+    top_p: float | None = derived(None, "Set from `model.top_p`.")
+    top_k: int | None = derived(None, "Set from `model.top_k`.")
+    logprobs: int | None = derived(None, "Set from `model.logprobs`.")
+    max_model_len: int | None = F(
+        None, "Longest sequence; for the rollout model defaults to `model.max_model_len`."
+    )
+    max_prompt_tokens: int | None = F(None, "Longest prompt; defaults to `model.max_prompt_tokens`.")
+    max_response_tokens: int | None = F(None, "Longest response; defaults to `model.max_response_tokens`.")
+    min_response_tokens: int | None = F(None, "Shortest response; defaults to `model.min_response_tokens`.")
+    enable_prompt_truncation: bool | None = F(None, "Defaults to `model.enable_prompt_truncation`.")
+    repetition_penalty: float | None = F(None, "Defaults to `model.repetition_penalty`.")
+    ignore_eos: bool = F(False, "Keep generating past EOS (for benchmarks only).")
+    enable_multimodal: bool = F(False, "Accept images / videos in prompts.")
+    chat_template: str | None = F(None, "Chat template overriding the model's.")
+    enable_thinking: bool | None = F(None, "Turn thinking on or off in chat templates that support it.")
+    enable_history: bool = F(
+        False, "Record every call's experiences in the model wrapper (extract them regularly)."
+    )
+    enable_openai_api: bool = F(False, "Expose an OpenAI-compatible API to workflows.")
+    enable_log_requests: bool = F(False, "Log API requests (vLLM API server).")
+    base_port: int | None = F(None, "First port of the OpenAI API servers.")
+    api_key: str = F("EMPTY", "API key of the OpenAI API servers.")
+    enable_auto_tool_choice: bool = F(False, "Let the API choose tools automatically.")
+    tool_call_parser: str | None = F(None, "Tool-call parser of the API server.")
+    reasoning_parser: str | None = F(None, "Reasoning parser of the API server.")
+    external_model_config: ExternalModelConfig = F(
+        default_factory=ExternalModelConfig, doc="External OpenAI-compatible model."
+    )
+    weight_sync_buffer_size: int = F(1024, "Buffer size (MB) of batched NCCL weight sync.", ge=1)
+    enable_return_routed_experts: bool = F(False, "Return MoE routing decisions with each rollout.")
+    enable_lora: bool = derived(False, "Set from `model.lora_configs`.")
+    rope_scaling: dict[str, Any] | None = derived(None, "Set from `model.rope_scaling`.")
+    rope_theta: float | None = derived(None, "Set from `model.rope_theta`.")
+
+    @field_validator("engine_type", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return lower_alias(value)
+
+
+class OverRolloutConfig(Section):
+    """Finish an explore step before every task is done (experimental)."""
+
+    ratio: float = F(0.0, "Fraction of a batch's tasks the explorer may leave unfinished.", ge=0, lt=1)
+    wait_after_min: float = F(30.0, "Seconds to wait once the minimum number of tasks finished.")
+    return_partial_tasks: bool = F(False, "Keep tasks where only some runs succeeded.")
+
+
+class DynamicTimeoutConfig(Section):
+    """Per-step task timeout derived from observed task durations (experimental)."""
+
+    enable: bool = F(False, "Turn dynamic timeouts on.")
+    warmup_min_steps: int = F(1, "Fully observed steps before the timeout adapts.")
+    ratio: float = F(3.0, "Timeout = min(max_timeout, mean task time * ratio).")
+
+
+class ExplorerConfig(Section):
+    """The explorer: runs workflows against the rollout model and writes experiences."""
+
+    name: str = F("explorer", "Ray actor name of the explorer (unique).")
+    runner_per_model: int = F(8, "Parallel workflow runners per rollout engine.", ge=1)
+    runner_prepare_concurrency: int = F(128, "Most runners preparing at once.", ge=1)
+    runner_prepare_max_retries: int = F(3, "Retries of a runner that crashes while preparing.")
+    max_timeout: int = F(1800, "Seconds a task may run.", ge=1)
+    max_retry_times: int = F(2, "Retries of a task that fails or times out.", ge=0)
+    env_vars: dict[str, str] = F({}, "Environment variables set in every workflow runner.")
+    concurrent_mode: Literal["sequential", "asynchronous", "multi-threading"] = F(
+        "sequential", "How a runner runs the repeats of one task."
+    )
+    max_repeat_times_per_runner: int | None = F(
+        None, "Split a task's repeats over runners in chunks of this size."
+    )
+    runner_num: int | None = F(None, "Deprecated; use `runner_per_model`.")
+    rollout_model: InferenceModelConfig = F(default_factory=InferenceModelConfig, doc="The rollout engines.")
+    auxiliary_models: list[InferenceModelConfig] = F(
+        [], "Extra models for workflows (judges, reward models)."
+    )
+    eval_interval: int = F(100, "Evaluate every this many steps.", ge=1)
+    eval_on_startup: bool = F(True, "Evaluate the initial model at step 0.")
+    bench_on_latest_checkpoint: bool = F(False, "In `bench` mode evaluate only the latest checkpoint.")
+    proxy_port: int = F(8010, "Port of the serve-mode proxy.")
+    listen_address: str = F("0.0.0.0", "Address the serve-mode proxy listens on.")
+    service_status_check_interval: int = F(60, "Seconds between serve-mode health checks.")
+    min_running_model_num: int = F(1, "Engines kept running in serve mode.")
+    db_url: str | None = F(None, "Database of the serve-mode history recorder.")
+    over_rollout: OverRolloutConfig = F(default_factory=OverRolloutConfig, doc="Over-rollout settings.")
+    dynamic_timeout: DynamicTimeoutConfig = F(default_factory=DynamicTimeoutConfig, doc="Dynamic timeout.")
+    runner_state_report_interval: int = F(0, "Seconds between runner state reports; 0 disables them.")
+    max_inflight_batches: int = F(2, "Explore batches in flight at once.", ge=1)

@@ -1,0 +1,76 @@
+"""The ``model`` section: the model being trained, its chat template and token limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trinity.config.sections.base import F, Section, derived
+
+
+class LoRAConfig(Section):
+    """A LoRA adapter of the rollout model."""
+
+    name: str | None = F(None, "Adapter name.")
+    path: str | None = F(None, "Path of existing adapter weights; empty trains a new adapter.")
+    base_model_name: str | None = F(None, "Name of the base model the adapter belongs to.")
+    lora_rank: int = F(32, "LoRA rank.", ge=1)
+    lora_alpha: int = F(32, "LoRA alpha.")
+    lora_dtype: str = F("auto", "Adapter dtype.")
+    target_modules: str = F("all-linear", "Modules that get adapters.")
+    exclude_modules: str | None = F(None, "Modules that never get adapters.")
+    is_dummy: bool = derived(False, "Set automatically for a freshly initialised adapter.")
+
+
+class TinkerConfig(Section):
+    """Training through the Tinker service (Trinity-RFT compatibility; not implemented here)."""
+
+    enable: bool = F(False, "Use Tinker.")
+    rank: int = F(16, "LoRA rank used by Tinker.")
+    seed: int | None = F(None, "Seed used by Tinker.")
+    train_mlp: bool = F(True, "Train MLP layers.")
+    train_attn: bool = F(True, "Train attention layers.")
+    train_unembed: bool = F(True, "Train the unembedding layer.")
+    base_url: str | None = F(None, "Tinker service URL.")
+
+
+class ExternalModelConfig(Section):
+    """An OpenAI-compatible API used as the rollout model."""
+
+    enable: bool = F(False, "Use an external API instead of a local engine.")
+    base_url_env: str = F("OPENAI_BASE_URL", "Environment variable holding the API base URL.")
+    api_key_env: str = F("OPENAI_API_KEY", "Environment variable holding the API key.")
+    model_name: str | None = F(None, "Model name sent to the API.")
+
+
+class ModelConfig(Section):
+    """The model being trained and the default generation settings of every taskset."""
+
+    model_path: str = F("", "Hugging Face id or local path of the model to train (required).")
+    critic_model_path: str = F("", "Path of the critic model; defaults to `model_path`.")
+    trust_remote_code: bool = F(False, "Allow custom modelling code shipped with the model.")
+    custom_chat_template: str | None = F(None, "Chat template (Jinja) overriding the tokenizer's.")
+    chat_template_path: str | None = F(
+        None, "File holding a chat template; overrides `custom_chat_template`."
+    )
+    temperature: float = F(1.0, "Default sampling temperature (a taskset's `rollout_args` wins).")
+    top_p: float = F(1.0, "Default nucleus-sampling probability.")
+    top_k: int = F(-1, "Default top-k; -1 disables it.")
+    logprobs: int = F(0, "Number of top logprobs returned per token (0: only the chosen token).")
+    max_model_len: int | None = F(
+        None, "Longest sequence (prompt + response); defaults to max_prompt_tokens + max_response_tokens."
+    )
+    max_prompt_tokens: int | None = F(None, "Longest prompt in tokens.")
+    max_response_tokens: int | None = F(None, "Longest response in tokens.")
+    min_response_tokens: int = F(0, "Shortest response in tokens (must be below max_response_tokens).")
+    enable_prompt_truncation: bool = F(True, "Truncate prompts longer than `max_prompt_tokens`.")
+    repetition_penalty: float = F(1.0, "Repetition penalty for generation.")
+    enable_thinking: bool | None = F(None, "Turn thinking on or off in chat templates that support it.")
+    lora_configs: list[LoRAConfig] | None = F(None, "LoRA adapters to train instead of full weights.")
+    fully_sharded_loras: bool = F(False, "Shard LoRA weights across tensor-parallel ranks (vLLM).")
+    max_cpu_loras: int | None = F(None, "LoRA adapters kept in CPU memory (vLLM).")
+    rope_scaling: dict[str, Any] | None = F(None, "RoPE scaling override passed to the model config.")
+    rope_theta: float | None = F(None, "RoPE theta override passed to the model config.")
+    tinker: TinkerConfig = F(default_factory=TinkerConfig, doc="Tinker service settings.")
+    external_model: ExternalModelConfig = F(
+        default_factory=ExternalModelConfig, doc="External OpenAI-compatible model settings."
+    )

@@ -1,0 +1,98 @@
+"""Sections about where and how a job runs: ``cluster``, ``synchronizer``, ``monitor``, ``log``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import field_validator
+
+from trinity.config.sections.base import F, Section, derived, lower_alias
+
+SyncMethod = Literal["checkpoint", "memory", "nccl"]
+SyncStyle = Literal["fixed", "dynamic", "trainer_driven", "explorer_driven", "fully_async"]
+MonitorType = Literal["tensorboard", "wandb", "mlflow", "console"]
+MONITOR_TYPES: tuple[str, ...] = ("tensorboard", "wandb", "mlflow", "console")
+LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class ClusterConfig(Section):
+    """The Ray cluster."""
+
+    ray_address: str = F("auto", "Ray address; `auto` joins a running cluster or starts a local one.")
+    node_num: int = F(0, "Nodes used; 0 means what Ray reports.", ge=0)
+    gpu_per_node: int = F(0, "GPUs per node; 0 means what Ray reports (0 on a CPU machine).", ge=0)
+
+
+class SynchronizerConfig(Section):
+    """How trainer weights reach the explorer."""
+
+    sync_method: SyncMethod = F(
+        "nccl", "`nccl` (GPU broadcast), `memory` (through the object store) or `checkpoint` (from disk)."
+    )
+    sync_style: SyncStyle = F(
+        "fixed", "`fixed` (every sync_interval steps) or `dynamic` (whenever the trainer has new weights)."
+    )
+    sync_interval: int = F(1, "Steps between weight syncs.", ge=1)
+    explorer_sync_interval: int | None = F(None, "Explorer-side interval; defaults to `sync_interval`.")
+    trainer_sync_interval: int | None = F(None, "Trainer-side interval; defaults to `sync_interval`.")
+    sync_offset: int = F(0, "Steps the explorer may run ahead of the trainer.", ge=0)
+    sync_timeout: int = F(3600, "Seconds to wait for a sync.", ge=1)
+    group_name: str = F("rollout_weight_sync", "NCCL process-group name.")
+    wait_for_checkpoint: bool = F(False, "Wait for the newest checkpoint to be complete before loading.")
+    explorer_world_size: int | None = derived(None, "Set from the rollout engines' GPU count.")
+    ray_namespace: str = derived("", "Set from the global `ray_namespace`.")
+
+    @field_validator("sync_method", mode="before")
+    @classmethod
+    def _method(cls, value: Any) -> Any:
+        return lower_alias(value, {"online": "nccl", "offline": "checkpoint"})
+
+    @field_validator("sync_style", mode="before")
+    @classmethod
+    def _style(cls, value: Any) -> Any:
+        return lower_alias(
+            value, {"dynamic_by_trainer": "trainer_driven", "dynamic_by_explorer": "explorer_driven"}
+        )
+
+
+class MonitorConfig(Section):
+    """Where metrics go."""
+
+    monitor_type: str | list[str] = F(
+        "tensorboard", "`tensorboard`, `wandb`, `mlflow` or `console`, or a list of them."
+    )
+    monitor_args: dict[str, Any] | None = F(
+        None, "Monitor arguments (wandb `base_url`/`api_key`, mlflow `uri`, ...)."
+    )
+    detailed_stats: bool = F(False, "Log mean/std/max/min of evaluation metrics.")
+    enable_ray_timeline: bool = F(False, "Write a Ray timeline to `<job_dir>/monitor/timeline.json`.")
+    cache_dir: str = derived("", "Set to `<job_dir>/monitor`.")
+
+    @field_validator("monitor_type", mode="before")
+    @classmethod
+    def _check_types(cls, value: Any) -> Any:
+        # Validated by hand: a `str | list` union would report two errors for one typo.
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if not isinstance(item, str):
+                raise ValueError(f"expected a monitor name or a list of them, got {item!r}")
+            if item.lower() not in MONITOR_TYPES:
+                raise ValueError(f"invalid value {item!r}; expected one of: {', '.join(MONITOR_TYPES)}")
+        return [v.lower() for v in value] if isinstance(value, list) else value.lower()
+
+    def monitor_types(self) -> list[str]:
+        """The configured monitors as a list."""
+        return list(self.monitor_type) if isinstance(self.monitor_type, list) else [self.monitor_type]
+
+
+class LogConfig(Section):
+    """Per-actor log files."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = F("INFO", "Log level.")
+    group_by_node: bool = F(False, "Put each node's logs in its own folder `<job_dir>/log/<node_ip>/`.")
+    save_dir: str = derived("", "Set to `<job_dir>/log`.")
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.strip().upper() if isinstance(value, str) else value

@@ -1,0 +1,87 @@
+"""The ``trainer`` section: training backend, checkpointing and batching."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import field_validator
+
+from trinity.config.sections.base import F, Section, lower_alias
+
+TrainerType = Literal["auto", "verl", "native"]
+SaveStrategy = Literal["single_thread", "single_process", "single_node", "unrestricted"]
+
+
+class MegatronParallelConfig(Section):
+    """Megatron-Core parallelism (veRL megatron strategy)."""
+
+    tensor_model_parallel_size: int = F(1, "Tensor-parallel size.", ge=1)
+    pipeline_model_parallel_size: int = F(1, "Pipeline-parallel size.", ge=1)
+    virtual_pipeline_model_parallel_size: int | None = F(None, "Virtual pipeline-parallel size.")
+    expert_model_parallel_size: int = F(1, "Expert-parallel size.", ge=1)
+    expert_tensor_parallel_size: int | None = F(None, "Expert tensor-parallel size.")
+    context_parallel_size: int = F(1, "Context-parallel size.", ge=1)
+    sequence_parallel: bool = F(True, "Sequence parallelism.")
+
+
+class TrainerConfig(Section):
+    """The trainer: which backend, how often to save, micro-batching."""
+
+    name: str = F("trainer", "Ray actor name of the trainer (unique).")
+    trainer_type: TrainerType = F(
+        "auto",
+        "`verl` (FSDP, GPU), `native` (plain torch, anywhere) or `auto` (verl when installed with a GPU).",
+    )
+    trainer_strategy: Literal["fsdp", "fsdp2", "megatron"] = F("fsdp2", "veRL parallel strategy.")
+    save_interval: int = F(0, "Save a checkpoint every this many steps; 0 saves only at the end.", ge=0)
+    enable_preview: bool = F(True, "Log rollout previews to the monitor (wandb).")
+    total_steps: int | None = F(None, "Stop training after this many steps; unset: no limit.")
+    save_hf_checkpoint: Literal["always", "never", "last"] = F(
+        "last", "Which checkpoints are also saved in Hugging Face format."
+    )
+    grad_clip: float = F(1.0, "Gradient-norm clipping of the actor.")
+    use_dynamic_bsz: bool = F(True, "Pack micro-batches by token count instead of row count.")
+    use_remove_padding: bool = F(True, "Remove padding tokens before the forward pass (veRL).")
+    balance_batch: bool = F(True, "Balance tokens across data-parallel ranks.")
+    critic_warmup: int = F(0, "Steps that train only the critic.", ge=0)
+    max_token_len_per_gpu: int | None = F(
+        None, "Token budget of a dynamic micro-batch; defaults to ceil(2 * max_model_len / ulysses size)."
+    )
+    ulysses_sequence_parallel_size: int = F(1, "Ulysses sequence-parallel size.", ge=1)
+    fix_actor_microbatch_loss_scale: bool = F(
+        False, "Scale micro-batch losses by token share (experimental)."
+    )
+    param_offload: bool = F(False, "Offload parameters to CPU (FSDP).")
+    optimizer_offload: bool = F(False, "Offload optimizer state to CPU (FSDP).")
+    grad_offload: bool = F(False, "Offload gradients to CPU (FSDP).")
+    offload_policy: bool = F(False, "FSDP2 CPU offload policy.")
+    save_strategy: SaveStrategy = F("unrestricted", "Which processes may save checkpoints at the same time.")
+    max_checkpoints_to_keep: int | None = F(
+        None, "Checkpoints kept; older ones are deleted. Unset or 0: all."
+    )
+    max_actor_ckpt_to_keep: int | None = F(None, "Actor checkpoints kept (veRL); unset: all.")
+    max_critic_ckpt_to_keep: int | None = F(None, "Critic checkpoints kept (veRL); unset: all.")
+    megatron: MegatronParallelConfig = F(default_factory=MegatronParallelConfig, doc="Megatron parallelism.")
+    trainer_config: dict[str, Any] | None = F(
+        None, "veRL configuration passed through unchanged (`actor_rollout_ref`, `critic`, `trainer`, ...)."
+    )
+    trainer_config_path: str = F("", "File holding the veRL configuration; exclusive with `trainer_config`.")
+    ppo_micro_batch_size_per_gpu: int | None = F(
+        None, "Rows per micro-batch when `use_dynamic_bsz` is off; unset: one micro-batch per GPU batch."
+    )
+    ppo_epochs: int = F(1, "Passes over each training batch (native trainer).", ge=1)
+    gradient_checkpointing: bool = F(
+        False, "Recompute activations in backward to save memory (native trainer)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = F(
+        "auto", "Training dtype (native trainer); `auto`: bfloat16 on GPU, float32 on CPU."
+    )
+    use_rollout_logprobs: bool = F(
+        False, "Use the explorer's logprobs as old logprobs instead of recomputing them (native trainer)."
+    )
+    seed: int = F(42, "Seed of the trainer (native trainer).")
+
+    @field_validator("trainer_type", "save_strategy", "trainer_strategy", "dtype", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return lower_alias(value)
