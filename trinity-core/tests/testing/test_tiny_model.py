@@ -72,7 +72,9 @@ def test_chat_template_marks_exactly_the_assistant_tokens(tiny_path):
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4"},
     ]
-    out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    out = tok.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     ids, mask = out["input_ids"], out["assistant_masks"]
     assert tok.decode([i for i, m in zip(ids, mask) if m]) == f"yo{IM_END}4{IM_END}"
     prompt = tok.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)

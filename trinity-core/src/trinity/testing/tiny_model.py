@@ -11,7 +11,6 @@ loads ``AutoTokenizer`` / ``AutoModelForCausalLM`` from a path works unchanged.
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 from typing import TYPE_CHECKING
 
