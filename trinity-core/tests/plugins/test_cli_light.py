@@ -7,16 +7,17 @@ import sys
 
 HEAVY = ("torch", "ray", "transformers", "vllm", "verl")
 
-PROBE = """
+PROBE = f"""
 import sys
+HEAVY = {HEAVY!r}
 from click.testing import CliRunner
 from trinity.cli import cli
 runner = CliRunner()
 for args in (["--help"], ["--version"], ["plugins"], ["plugins", "--json"], ["run", "--help"]):
     result = runner.invoke(cli, args)
     assert result.exit_code == 0, (args, result.output)
-print(" ".join(m for m in %r if m in sys.modules))
-""" % (HEAVY,)
+print(" ".join(m for m in HEAVY if m in sys.modules))
+"""
 
 
 def test_cli_commands_import_nothing_heavy():

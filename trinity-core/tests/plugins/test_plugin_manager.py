@@ -106,7 +106,7 @@ def test_duplicate_names_name_both_plugins(plugin_manager):
 def test_misspelled_hook_is_an_error(plugin_manager):
     ns = _module(register_workflow=hookimpl(lambda register: None))
     with pytest.raises(
-        PluginError, match="unknown hook.*'register_workflow'.*did you mean 'register_workflows'"
+        PluginError, match=r"unknown hook.*'register_workflow'.*did you mean 'register_workflows'"
     ):
         plugin_manager.register_plugin(ns, "typo")
 
@@ -193,7 +193,7 @@ def test_plugin_dir_loads_py_files_and_isolates_broken_ones(tmp_path):
     assert set(infos) == {"plugins/good.py", "plugins/broken.py"}
     assert "ImportError while importing" in infos["plugins/broken.py"].error
     assert "missing dep xyz" in infos["plugins/broken.py"].error
-    with pytest.raises(PluginLoadError, match="plugins/broken.py") as err:
+    with pytest.raises(PluginLoadError, match=r"plugins/broken\.py") as err:
         manager.check_plugins()
     assert "TRINITY_DISABLE_PLUGINS=" in str(err.value)
 
