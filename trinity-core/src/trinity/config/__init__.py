@@ -9,7 +9,9 @@ package never imports torch, ray or transformers.
 """
 
 from trinity.config.errors import ConfigError
+from trinity.config.loader import load_config
 from trinity.config.models import Config, StageConfig
+from trinity.config.resolve import resolve_config
 from trinity.config.sections.algorithm import AlgorithmConfig, OptimizerConfig
 from trinity.config.sections.buffer import (
     BufferConfig,
@@ -57,16 +59,3 @@ __all__ = [
     "load_config",
     "resolve_config",
 ]
-
-
-def __getattr__(name: str):
-    # loader/resolve pull in omegaconf and the plugin manager; load them on first use.
-    if name == "load_config":
-        from trinity.config.loader import load_config
-
-        return load_config
-    if name == "resolve_config":
-        from trinity.config.resolve import resolve_config
-
-        return resolve_config
-    raise AttributeError(f"module 'trinity.config' has no attribute {name!r}")

@@ -1,0 +1,366 @@
+"""``resolve_config``: the one place where derived values are filled in and cross-key rules checked.
+
+Everything a user may leave unset and that follows from other keys is computed here, so that the
+rest of Trinity reads a complete config and ``trinity run --dry-run`` shows exactly what will run.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import os
+from typing import Any
+
+from trinity.config.algorithm_defaults import deep_merge, resolve_algorithm
+from trinity.config.errors import ConfigError
+from trinity.config.models import Config
+from trinity.config.sections.buffer import ExperienceBufferConfig, ReplayBufferConfig, TasksetConfig
+from trinity.config.sections.explorer import InferenceModelConfig
+
+CHECKPOINT_ROOT_ENV = "TRINITY_CHECKPOINT_ROOT_DIR"
+
+
+def resolve_config(config: Config) -> Config:
+    """A copy of ``config`` with every derived value filled in; raises :class:`ConfigError`.
+
+    Idempotent: resolving a resolved config changes nothing.
+    """
+    source = config._source if config._source is not None else config.model_dump(exclude_unset=True)
+    c = config.model_copy(deep=True)
+    c._source = source
+    try:
+        _resolve(c)
+    except ConfigError as exc:
+        raise exc.with_file(config._file) from None
+    return c
+
+
+def _resolve(c: Config) -> None:
+    _resolve_paths(c)
+    _resolve_model(c)
+    c.algorithm, algo_cls = resolve_algorithm(c.algorithm)
+    _resolve_buffer(c, algo_cls)
+    _resolve_explorer(c)
+    _resolve_trainer(c)
+    _resolve_synchronizer(c)
+    _check_mode(c)
+    try:
+        algo_cls.check_config(c)
+    except ValueError as exc:
+        raise ConfigError(f"algorithm type {c.algorithm.algorithm_type!r}: {exc}") from None
+
+
+def _resolve_paths(c: Config) -> None:
+    root = c.checkpoint_root_dir or os.environ.get(CHECKPOINT_ROOT_ENV) or "./checkpoints"
+    # Absolute, so Ray workers started in another directory write to the same place.
+    c.checkpoint_root_dir = os.path.abspath(os.path.expanduser(root))
+    c.checkpoint_job_dir = c.job_dir
+    if not c.ray_namespace:
+        c.ray_namespace = "/".join(p for p in (c.project, c.group, c.name) if p)
+    c.monitor.cache_dir = os.path.join(c.job_dir, "monitor")
+    c.log.save_dir = os.path.join(c.job_dir, "log")
+    c.buffer.cache_dir = os.path.join(c.job_dir, "buffer")
+    c.synchronizer.ray_namespace = c.ray_namespace
+
+
+def _resolve_model(c: Config) -> None:
+    m = c.model
+    if not m.model_path:
+        raise ConfigError(
+            "required key is missing; set it to a Hugging Face model id or a local model folder",
+            key="model.model_path",
+        )
+    if not m.critic_model_path:
+        m.critic_model_path = m.model_path
+    if m.max_model_len is None:
+        if m.max_prompt_tokens is None or m.max_response_tokens is None:
+            raise ConfigError(
+                "not set and cannot be derived; set model.max_model_len, or both model.max_prompt_tokens "
+                "and model.max_response_tokens (max_model_len = their sum)",
+                key="model.max_model_len",
+            )
+        m.max_model_len = m.max_prompt_tokens + m.max_response_tokens
+    if m.max_response_tokens is not None and m.min_response_tokens >= m.max_response_tokens:
+        raise ConfigError(
+            f"{m.min_response_tokens} must be smaller than model.max_response_tokens ({m.max_response_tokens})",
+            key="model.min_response_tokens",
+        )
+
+
+def _resolve_buffer(c: Config, algo_cls: type) -> None:
+    b, ei = c.buffer, c.buffer.explorer_input
+    repeat = c.algorithm.repeat_times
+    if ei.taskset is not None:
+        if ei.tasksets:
+            raise ConfigError(
+                "set either taskset (one taskset) or tasksets (a list), not both",
+                key="buffer.explorer_input.taskset",
+            )
+        ei.tasksets, ei.taskset = [ei.taskset], None
+    if not b.train_batch_size:
+        b.train_batch_size = b.batch_size * repeat
+    b.tokenizer_path = c.model.model_path
+    names: dict[str, str] = {}
+    for group, tasksets in (("tasksets", ei.tasksets), ("eval_tasksets", ei.eval_tasksets)):
+        for i, ts in enumerate(tasksets):
+            key = f"buffer.explorer_input.{group}[{i}]"
+            _resolve_taskset(c, ts, key, i, is_eval=group == "eval_tasksets")
+            _unique(names, ts.name, key)
+    ti = b.trainer_input
+    if ti.experience_buffer is None:
+        ti.experience_buffer = ExperienceBufferConfig(name="experience_buffer")
+    _resolve_experience_buffer(
+        c, ti.experience_buffer, "buffer.trainer_input.experience_buffer", "experience_buffer"
+    )
+    if ti.experience_buffer.schema_type is None:
+        ti.experience_buffer.schema_type = algo_cls.schema
+    _unique(names, ti.experience_buffer.name, "buffer.trainer_input.experience_buffer")
+    for name, aux in ti.auxiliary_buffers.items():
+        key = f"buffer.trainer_input.auxiliary_buffers.{name}"
+        _resolve_experience_buffer(c, aux, key, name)
+        _unique(names, aux.name, key)
+
+
+def _unique(names: dict[str, str], name: str, key: str) -> None:
+    if name in names:
+        raise ConfigError(
+            f"name {name!r} is already used by {names[name]}; names become Ray actor names and must be unique",
+            key=f"{key}.name",
+        )
+    names[name] = key
+
+
+def _resolve_storage_common(c: Config, storage: Any, key: str) -> None:
+    if storage.storage_type in ("file", "sql") and not storage.path:
+        raise ConfigError(
+            f"required for storage_type {storage.storage_type!r}; set the data's location", key=f"{key}.path"
+        )
+    storage.total_epochs = c.buffer.total_epochs
+    storage.total_steps = c.buffer.total_steps
+    if storage.ray_namespace is None:
+        storage.ray_namespace = c.ray_namespace
+
+
+def _resolve_taskset(c: Config, ts: TasksetConfig, key: str, index: int, *, is_eval: bool) -> None:
+    m, b, ei = c.model, c.buffer, c.buffer.explorer_input
+    if ts.task_selector is not None:
+        if "data_selector" in ts.model_fields_set:
+            raise ConfigError(
+                "set data_selector only (task_selector is its deprecated alias)", key=f"{key}.task_selector"
+            )
+        ts.data_selector, ts.task_selector = ts.task_selector, None
+    if not ts.name:
+        ts.name = f"{'eval_' if is_eval else ''}taskset_{index}"
+    _resolve_storage_common(c, ts, key)
+    ts.is_eval = is_eval
+    ts.batch_size = b.batch_size
+    repeat = c.algorithm.repeat_times
+    if is_eval:
+        ts.repeat_times = ts.repeat_times or 1
+    else:
+        if ts.repeat_times is not None and ts.repeat_times != repeat:
+            raise ConfigError(
+                f"{ts.repeat_times} conflicts with algorithm.repeat_times ({repeat}); training tasksets always use "
+                "algorithm.repeat_times, remove this key",
+                key=f"{key}.repeat_times",
+            )
+        ts.repeat_times = repeat
+    ra = ts.rollout_args
+    if ra.n is not None and ra.n != ts.repeat_times:
+        raise ConfigError(
+            f"{ra.n} conflicts with repeat_times ({ts.repeat_times}); rollout_args.n is derived, remove it",
+            key=f"{key}.rollout_args.n",
+        )
+    ra.n = ts.repeat_times
+    for field in ("temperature", "top_p", "top_k", "logprobs"):
+        if getattr(ra, field) is None:
+            setattr(ra, field, getattr(m, field))
+    if ra.max_tokens is None:
+        ra.max_tokens = m.max_response_tokens
+    if ts.default_workflow_type is None:
+        ts.default_workflow_type = (
+            (ei.default_eval_workflow_type if is_eval else None)
+            or ei.default_workflow_type
+            or b.default_workflow_type
+        )
+    if ts.default_reward_fn_type is None:
+        ts.default_reward_fn_type = ei.default_reward_fn_type or b.default_reward_fn_type
+
+
+def _resolve_experience_buffer(c: Config, eb: ExperienceBufferConfig, key: str, default_name: str) -> None:
+    if not eb.name:
+        eb.name = default_name
+    _resolve_storage_common(c, eb, key)
+    eb.batch_size = c.buffer.train_batch_size or 0
+    eb.tokenizer_path = eb.tokenizer_path or c.model.model_path
+    # Deprecated flat keys move into replay_buffer, so there is one place to read them.
+    if eb.use_priority_queue is not None or eb.reuse_cooldown_time is not None:
+        if eb.replay_buffer is None:
+            eb.replay_buffer = ReplayBufferConfig()
+        if eb.use_priority_queue is not None:
+            eb.replay_buffer.enable = eb.use_priority_queue
+        if eb.reuse_cooldown_time is not None:
+            eb.replay_buffer.reuse_cooldown_time = eb.reuse_cooldown_time
+        eb.use_priority_queue = eb.reuse_cooldown_time = None
+
+
+def _resolve_explorer(c: Config) -> None:
+    m, rm = c.model, c.explorer.rollout_model
+    if rm.model_path and rm.model_path != m.model_path:
+        raise ConfigError(
+            f"{rm.model_path!r} differs from model.model_path ({m.model_path!r}); the rollout model is always the "
+            "trained model, remove this key",
+            key="explorer.rollout_model.model_path",
+        )
+    rm.model_path = m.model_path
+    rm.trust_remote_code = rm.trust_remote_code or m.trust_remote_code
+    for field in ("temperature", "top_p", "top_k", "logprobs"):
+        setattr(rm, field, getattr(m, field))
+    for field in (
+        "max_model_len",
+        "max_prompt_tokens",
+        "max_response_tokens",
+        "min_response_tokens",
+        "enable_prompt_truncation",
+        "repetition_penalty",
+        "enable_thinking",
+    ):
+        if getattr(rm, field) is None:
+            setattr(rm, field, getattr(m, field))
+    if rm.chat_template is None:
+        rm.chat_template = m.custom_chat_template
+    rm.enable_lora = bool(m.lora_configs)
+    rm.rope_scaling, rm.rope_theta = m.rope_scaling, m.rope_theta
+    _resolve_engine(rm)
+    for i, aux in enumerate(c.explorer.auxiliary_models):
+        if not aux.model_path:
+            raise ConfigError(
+                "required key is missing; an auxiliary model needs its own model_path",
+                key=f"explorer.auxiliary_models[{i}].model_path",
+            )
+        _resolve_engine(aux)
+
+
+def _resolve_engine(model: InferenceModelConfig) -> None:
+    if model.engine_type == "vllm_async":  # Trinity-RFT alias: both names mean the async vLLM engine
+        model.engine_type = "vllm"
+    elif model.engine_type == "auto":
+        model.engine_type = "vllm" if gpu_backend_available("vllm") else "transformers"
+    model.gpu_per_engine = (
+        model.tensor_parallel_size * model.data_parallel_size * model.pipeline_parallel_size
+    )
+
+
+def _resolve_trainer(c: Config) -> None:
+    t = c.trainer
+    if t.trainer_type == "auto":
+        t.trainer_type = "verl" if gpu_backend_available("verl") else "native"
+    if t.trainer_config_path:
+        if t.trainer_config:
+            raise ConfigError(
+                "set either trainer_config or trainer_config_path, not both",
+                key="trainer.trainer_config_path",
+            )
+        t.trainer_config, t.trainer_config_path = _load_trainer_config(t.trainer_config_path), ""
+    if t.trainer_config is None:
+        t.trainer_config = {}
+    if t.max_token_len_per_gpu is None:
+        t.max_token_len_per_gpu = math.ceil(
+            2 * (c.model.max_model_len or 0) / t.ulysses_sequence_parallel_size
+        )
+
+
+def _load_trainer_config(path: str) -> dict[str, Any]:
+    from trinity.config.loader import load_yaml_dict
+
+    try:
+        data = load_yaml_dict(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc.message}", key="trainer.trainer_config_path") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping", key="trainer.trainer_config_path")
+    return data
+
+
+def _resolve_synchronizer(c: Config) -> None:
+    s, rm = c.synchronizer, c.explorer.rollout_model
+    if "sync_method" not in s.model_fields_set:
+        # NCCL needs both GPU backends and both sides running; otherwise pick what can work.
+        if c.mode != "both":
+            s.sync_method = "checkpoint"
+        elif rm.engine_type != "vllm" or c.trainer.trainer_type != "verl":
+            s.sync_method = "memory"
+    s.explorer_sync_interval = s.explorer_sync_interval or s.sync_interval
+    s.trainer_sync_interval = s.trainer_sync_interval or s.sync_interval
+    s.explorer_world_size = rm.engine_num * rm.gpu_per_engine
+
+
+def _check_mode(c: Config) -> None:
+    ei = c.buffer.explorer_input
+    if c.mode in ("both", "explore") and not ei.tasksets:
+        raise ConfigError(
+            f"mode {c.mode!r} needs at least one training taskset; add buffer.explorer_input.tasksets",
+            key="buffer.explorer_input.tasksets",
+        )
+    if c.mode == "bench" and not ei.eval_tasksets:
+        raise ConfigError(
+            "mode 'bench' evaluates checkpoints and needs buffer.explorer_input.eval_tasksets",
+            key="buffer.explorer_input.eval_tasksets",
+        )
+    eb = c.buffer.trainer_input.experience_buffer
+    if c.mode == "train" and eb is not None and eb.storage_type == "queue":
+        raise ConfigError(
+            "mode 'train' reads experiences that already exist; use storage_type file or sql with a path",
+            key="buffer.trainer_input.experience_buffer.storage_type",
+        )
+
+
+@functools.cache
+def gpu_backend_available(package: str) -> bool:
+    """Whether ``package`` (vllm, verl) is installed and a CUDA device is visible.
+
+    ``find_spec`` first, so torch is imported only when the backend is installed at all.
+    """
+    if importlib.util.find_spec(package) is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def stage_configs(config: Config) -> list[Config]:
+    """One resolved config per stage; each is the global config deep-merged with the stage's keys."""
+    source = config._source if config._source is not None else config.model_dump(exclude_unset=True)
+    stages = source.get("stages") or []
+    if not stages:
+        return [config if config._source is not None else resolve_config(config)]
+    from trinity.config.validation import validate_config
+
+    base = {k: v for k, v in source.items() if k != "stages"}
+    seen: set[str] = set()
+    out = []
+    for i, stage in enumerate(stages):
+        stage_name = stage["stage_name"]
+        if stage_name in seen:
+            raise ConfigError(
+                f"stage name {stage_name!r} is used twice", key=f"stages[{i}].stage_name", file=config._file
+            )
+        seen.add(stage_name)
+        overrides = {k: v for k, v in stage.items() if k != "stage_name"}
+        stage_base = dict(base)
+        stage_algo = overrides.get("algorithm") or {}
+        if stage_algo.get("algorithm_type", base.get("algorithm", {}).get("algorithm_type")) != base.get(
+            "algorithm", {}
+        ).get("algorithm_type"):
+            # Another algorithm: the global components and their args belong to the old one.
+            stage_base.pop("algorithm", None)
+        merged = deep_merge(stage_base, overrides)
+        merged["name"] = f"{base.get('name', Config.model_fields['name'].default)}/{stage_name}"
+        try:
+            stage_config = validate_config(merged, config._file)
+            stage_config._file = config._file
+            out.append(resolve_config(stage_config))
+        except ConfigError as exc:
+            raise ConfigError(f"in stage {stage_name!r}: {exc.message}", key=exc.key, file=exc.file) from None
+    return out
