@@ -1,0 +1,64 @@
+"""Nox sessions: tests, lint, quickstart, benchmarks and optional back-end API checks.
+
+On CPU machines torch is installed pinned first (``TORCH_SPEC``): the pinned CPU wheel is
+cached locally, while an unpinned ``torch`` would pull a multi-GB CUDA build. The packages
+themselves only ask for ``torch>=2.4``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["tests"]
+
+PYTHON = "3.11"
+TORCH_SPEC = os.environ.get("TRINITY_TORCH_SPEC", "torch==2.13.0")
+PACKAGES = ["trinity-core", "trinity-plugins-algos", "trinity-plugins-math", "trinity-plugins-webshop"]
+
+
+def install_trinity(session: nox.Session, extras: str = "dev") -> None:
+    session.install(TORCH_SPEC)
+    session.install("-e", f"trinity-core[{extras}]", *(f"-e{p}" for p in PACKAGES[1:]))
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The whole test suite (all packages, cross-package and end-to-end tests)."""
+    install_trinity(session)
+    session.run("pytest", *(session.posargs or ["-q"]), env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("package", PACKAGES)
+def tests_package(session: nox.Session, package: str) -> None:
+    """One distribution's own unit tests."""
+    install_trinity(session)
+    session.run("pytest", "-q", f"{package}/tests", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff lint and format check."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def quickstart(session: nox.Session) -> None:
+    """The README's main command: the CPU quickstart."""
+    install_trinity(session)
+    session.run("python", "examples/quickstart/run.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Every benchmark in benchmarks/ (each prints ratios measured side by side)."""
+    install_trinity(session)
+    for script in sorted(os.listdir("benchmarks")):
+        if script.endswith(".py") and not script.startswith("_"):
+            session.run("python", f"benchmarks/{script}")
