@@ -1,0 +1,28 @@
+"""Fixtures: the plugin registered on a fresh manager (no entry-point autoload), and random inputs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import trinity_algos.hooks
+from trinity.plugins import TrinityPluginManager, set_manager
+
+# pytest runs with --import-mode=importlib: make algos_testutil importable by the test modules.
+sys.path.insert(0, str(Path(__file__).parent))
+
+PLUGIN_NAME = "trinity-plugins-algos"
+
+
+@pytest.fixture
+def algos_manager():
+    """A fresh plugin manager holding only this plugin, installed process-wide for the test."""
+    manager = TrinityPluginManager(autoload=False)
+    manager.register_plugin(trinity_algos.hooks, PLUGIN_NAME)
+    previous = set_manager(manager)
+    try:
+        yield manager
+    finally:
+        set_manager(previous)
