@@ -1,0 +1,1 @@
+"""Rollout engines; see :mod:`trinity.explorer.engines.base` for the interface."""

@@ -1,0 +1,216 @@
+"""The rollout engine interface: what the explorer needs from an inference backend.
+
+An engine turns prompts into :class:`~trinity.experience.Experience` objects carrying the
+prompt + response token ids, the log-probabilities of the sampled tokens (at the sampling
+temperature, from the forward pass that sampled them), the decoded texts and the finish
+reason (``info["finish_reason"]``: ``"stop"`` for EOS or a stop string, ``"length"`` when
+``max_tokens`` ran out). It also scores given token sequences (:meth:`RolloutEngine.logprobs`)
+and takes new weights in place (:meth:`update_weights`, :meth:`load_checkpoint`).
+
+Engines: ``transformers`` (:mod:`.transformers_engine`, CPU or GPU) and ``vllm``
+(:mod:`.vllm_engine`, GPU). Prompt building (chat template, tokenisation, truncation) is shared
+here, so both engines see the same token ids for the same messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from trinity.experience import Experience
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+
+@dataclass
+class SamplingArgs:
+    """Rollout arguments, named as in vLLM's ``SamplingParams`` and Trinity-RFT's ``rollout_args``.
+
+    ``temperature == 0`` means greedy decoding (logprobs are then reported at temperature 1).
+    ``top_k <= 0`` and ``top_p == 1`` disable those filters. ``logprobs`` is accepted for
+    config compatibility; engines always return the sampled token's logprob only.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+        if self.n < 1:
+            raise ValueError(f"rollout argument n must be >= 1, got {self.n}")
+        if self.max_tokens < 1:
+            raise ValueError(f"rollout argument max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"rollout argument temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout argument top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def logprob_temperature(self) -> float:
+        """Temperature the logprobs are computed at (1 for greedy decoding)."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+    def updated(self, args: Mapping[str, Any] | Any = None, /, **overrides: Any) -> SamplingArgs:
+        """A copy with ``args`` (a mapping or pydantic model) and ``overrides`` applied.
+
+        ``None`` values are skipped (unset taskset fields keep the defaults); unknown names are
+        an error listing the valid ones, so a typo in ``rollout_args`` does not pass silently.
+        """
+        merged: dict[str, Any] = {}
+        if args is not None:
+            merged.update(args.model_dump() if hasattr(args, "model_dump") else dict(args))
+        merged.update(overrides)
+        valid = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(merged) - valid)
+        if unknown:
+            raise TypeError(f"unknown rollout argument(s) {unknown}; valid: {sorted(valid)}")
+        values = {k: v for k, v in merged.items() if v is not None}
+        return dataclasses.replace(self, **values)
+
+
+class RolloutEngine(ABC):
+    """An inference backend. Subclasses implement :meth:`generate_tokens`, :meth:`logprobs`,
+    :meth:`update_weights` and :meth:`load_checkpoint`; async twins default to a worker thread.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        chat_template: str | None = None,
+        enable_thinking: bool | None = None,
+        max_prompt_tokens: int | None = None,
+        default_args: SamplingArgs | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.enable_thinking = enable_thinking
+        self.max_prompt_tokens = max_prompt_tokens
+        self.default_args = default_args or SamplingArgs()
+        self._model_version = 0
+
+    @property
+    def model_version(self) -> int:
+        """Version of the loaded weights (set by :meth:`update_weights` / :meth:`load_checkpoint`)."""
+        return self._model_version
+
+    # -- prompt building (shared) ----------------------------------------------------------
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt text for ``messages``: a generation prompt after a user turn, or a
+        continuation of the final message when it is the assistant's."""
+        kwargs: dict[str, Any] = {"tokenize": False, "chat_template": self.chat_template}
+        if messages and messages[-1].get("role") == "assistant":
+            kwargs["continue_final_message"] = True
+        else:
+            kwargs["add_generation_prompt"] = True
+        if self.enable_thinking is not None:
+            kwargs["enable_thinking"] = self.enable_thinking
+        return self.tokenizer.apply_chat_template(messages, **kwargs)
+
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids of ``prompt`` (special tokens in the text are kept as such), keeping the
+        last ``max_prompt_tokens`` when the prompt is longer."""
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            ids = ids[-self.max_prompt_tokens :]
+        return ids
+
+    def sampling_args(self, **rollout_args: Any) -> SamplingArgs:
+        """The engine defaults updated with ``rollout_args``."""
+        return self.default_args.updated(rollout_args)
+
+    def generate(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
+        """Sample ``n`` continuations of each raw prompt; Experiences are prompt-major."""
+        args = self.sampling_args(**rollout_args)
+        groups = self.generate_tokens([self.encode(p) for p in prompts], args)
+        return [exp for group in groups for exp in group]
+
+    def chat(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
+        """Sample ``n`` replies to a chat (the chat template is applied first)."""
+        return self.generate([self.apply_chat_template(messages)], **rollout_args)
+
+    async def generate_async(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
+        """Async twin of :meth:`generate`."""
+        args = self.sampling_args(**rollout_args)
+        groups = await self.generate_tokens_async([self.encode(p) for p in prompts], args)
+        return [exp for group in groups for exp in group]
+
+    async def chat_async(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
+        """Async twin of :meth:`chat`."""
+        return await self.generate_async([self.apply_chat_template(messages)], **rollout_args)
+
+    # -- backend ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def generate_tokens(self, prompts: list[list[int]], args: SamplingArgs) -> list[list[Experience]]:
+        """For each prompt (token ids), ``args.n`` Experiences."""
+
+    async def generate_tokens_async(
+        self, prompts: list[list[int]], args: SamplingArgs
+    ) -> list[list[Experience]]:
+        """Async twin of :meth:`generate_tokens` (default: a worker thread)."""
+        return await asyncio.to_thread(self.generate_tokens, prompts, args)
+
+    @abstractmethod
+    def logprobs(self, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
+        """Float32 tensor ``(len(tokens) - 1,)``: logprob of ``tokens[i]`` given ``tokens[:i]``
+        for ``i >= 1``, at ``temperature``."""
+
+    async def logprobs_async(self, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
+        """Async twin of :meth:`logprobs`."""
+        return await asyncio.to_thread(self.logprobs, tokens, temperature)
+
+    @abstractmethod
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load new weights in place (names as in the model's ``state_dict``) and set the version."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: str, version: int) -> None:
+        """Load weights from a Hugging Face checkpoint folder and set the version."""
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release the engine's resources."""
+
+
+def finish_point(
+    token_ids: list[int], eos_ids: set[int], stop: list[str], decode: Any
+) -> tuple[int, str, str]:
+    """Where a sampled response ends: ``(n_tokens, finish_reason, text)``.
+
+    The response ends after the first EOS token (kept in the tokens, dropped from the text), or
+    after the token that completes the first stop string (the text is cut before the stop
+    string, as vLLM does); otherwise it runs to the end with reason ``"length"``.
+    """
+    end, reason = len(token_ids), FINISH_LENGTH
+    for i, tok in enumerate(token_ids):
+        if tok in eos_ids:
+            end, reason = i + 1, FINISH_STOP
+            break
+    if stop:
+        # Decode growing prefixes: a stop string may span several tokens.
+        for i in range(1, end + 1):
+            text = decode(token_ids[:i])
+            hits = [text.find(s) for s in stop if s in text]
+            if hits:
+                return i, FINISH_STOP, text[: min(hits)]
+    text = decode(token_ids[: end - 1] if reason == FINISH_STOP else token_ids[:end])
+    return end, reason, text

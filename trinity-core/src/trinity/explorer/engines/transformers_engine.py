@@ -1,0 +1,233 @@
+"""The ``transformers`` rollout engine: a local Hugging Face model, on CPU or GPU.
+
+Generation is batched (all prompts x ``n`` samples in one ``model.generate`` call, left
+padded). The logprob of each sampled token is taken from the logits of the very forward pass
+that sampled it (``output_logits``), divided by the sampling temperature, so it equals a
+separate forward pass over the finished sequence up to float round-off.
+
+One call runs at a time (a lock): the model is not re-entrant, and concurrent runners get
+their throughput from batching ``n`` samples and several prompts per call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trinity._lazy import lazy_import
+from trinity.explorer.engines.base import RolloutEngine, SamplingArgs, finish_point
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16", "half": "float16"}  # fmt: skip
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """``"auto"`` is bfloat16 on GPU and float32 on CPU (CPU bf16 matmuls are slow and lossy)."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or 'auto'")
+    return getattr(torch, _DTYPES[dtype])
+
+
+class TransformersEngine(RolloutEngine):
+    """Rollouts with ``transformers``' ``generate``.
+
+    Args:
+        model_path: Hugging Face model folder (or hub id already in the local cache).
+        dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto``.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default: CUDA when available.
+        seed: seeds calls that give no ``seed`` of their own (then sampling continues one
+            random stream, so repeated calls differ).
+        max_batch_size: most sequences (prompts x n) per ``generate`` call.
+        Other arguments: see :class:`RolloutEngine`.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "auto",
+        device: str | None = None,
+        seed: int = 42,
+        chat_template: str | None = None,
+        enable_thinking: bool | None = None,
+        max_prompt_tokens: int | None = None,
+        default_args: SamplingArgs | None = None,
+        max_batch_size: int = 256,
+        trust_remote_code: bool = False,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        super().__init__(
+            tokenizer,
+            chat_template=chat_template,
+            enable_thinking=enable_thinking,
+            max_prompt_tokens=max_prompt_tokens,
+            default_args=default_args,
+        )
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=self.dtype, trust_remote_code=trust_remote_code
+        ).to(self.device)
+        self.model.eval()
+        self.max_batch_size = max_batch_size
+        self._lock = threading.Lock()
+        self._generator = torch.Generator().manual_seed(seed)
+
+        eos = self.model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if tokenizer.eos_token_id is not None:
+            eos.append(tokenizer.eos_token_id)
+        if not eos:
+            raise ValueError(
+                f"{model_path}: neither the generation config nor the tokenizer names an EOS token"
+            )
+        self.eos_token_ids = sorted(set(eos))
+        self.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        )
+
+    # -- generation ------------------------------------------------------------------------
+
+    def generate_tokens(self, prompts: list[list[int]], args: SamplingArgs) -> list[list[Any]]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("cannot generate from an empty prompt (0 tokens)")
+        per_call = max(1, self.max_batch_size // args.n)
+        with self._lock, torch.random.fork_rng(devices=self._rng_devices()):
+            # Seed the global RNG that generate() samples from: the call's own seed makes it
+            # reproducible; otherwise the engine's generator continues one stream.
+            seed = (
+                args.seed
+                if args.seed is not None
+                else int(torch.randint(2**62, (1,), generator=self._generator))
+            )
+            torch.manual_seed(seed)
+            groups: list[list[Any]] = []
+            for start in range(0, len(prompts), per_call):
+                groups.extend(self._generate_chunk(prompts[start : start + per_call], args))
+        return groups
+
+    def _rng_devices(self) -> list[Any]:
+        return [torch.device(self.device)] if self.device.startswith("cuda") else []
+
+    @torch.no_grad()
+    def _generate_chunk(self, prompts: list[list[int]], args: SamplingArgs) -> list[list[Any]]:
+        from transformers import GenerationConfig
+
+        from trinity.experience import Experience
+
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):  # left padding: every prompt ends at column width-1
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention_mask[row, width - len(ids) :] = 1
+
+        greedy = args.temperature == 0
+        config = GenerationConfig(
+            do_sample=not greedy,
+            temperature=None if greedy else args.temperature,
+            # Explicit "off" values: None would let the model's generation_config (top_k=50 by
+            # default in transformers) slip in.
+            top_k=None if greedy else max(args.top_k, 0),
+            top_p=None if greedy else args.top_p,
+            max_new_tokens=args.max_tokens,
+            min_new_tokens=args.min_tokens or None,
+            num_return_sequences=args.n,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            stop_strings=args.stop or None,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            generation_config=config,
+            tokenizer=self.tokenizer if args.stop else None,
+        )
+        responses = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()  # (B*n, T, V), raw (before top-k/p)
+        logprobs = (
+            torch.log_softmax(logits / args.logprob_temperature, dim=-1)
+            .gather(-1, responses.unsqueeze(-1))
+            .squeeze(-1)
+            .cpu()
+        )
+        responses = responses.cpu()
+
+        eos = set(self.eos_token_ids)
+        groups: list[list[Any]] = []
+        for row, prompt in enumerate(prompts):
+            prompt_text = self.tokenizer.decode(prompt)
+            group = []
+            for k in range(args.n):
+                seq = row * args.n + k  # generate() returns the n samples of a prompt together
+                ids = responses[seq].tolist()
+                end, reason, text = finish_point(ids, eos, args.stop, self._decode)
+                group.append(
+                    Experience(
+                        tokens=torch.tensor(prompt + ids[:end], dtype=torch.long),
+                        prompt_length=len(prompt),
+                        logprobs=logprobs[seq, :end].clone(),
+                        prompt_text=prompt_text,
+                        response_text=text,
+                        info={"finish_reason": reason},
+                        model_version=self.model_version,
+                    )
+                )
+            groups.append(group)
+        return groups
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # -- scoring ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def logprobs(self, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
+        if len(tokens) < 2:
+            return torch.zeros(0, dtype=torch.float32)
+        ids = torch.as_tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(0)
+        with self._lock:
+            logits = self.model(input_ids=ids).logits[0, :-1].float()
+        return torch.log_softmax(logits / temperature, dim=-1).gather(-1, ids[0, 1:, None]).squeeze(-1).cpu()
+
+    # -- weights ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        own = dict(self.model.named_parameters(remove_duplicate=False))  # tied weights keep both names
+        own.update(dict(self.model.named_buffers(remove_duplicate=False)))
+        unknown = sorted(set(state_dict) - set(own))
+        if unknown:
+            shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+            raise KeyError(
+                f"update_weights: {len(unknown)} name(s) not in the rollout model: {shown} "
+                f"(expected names like {next(iter(own))!r})"
+            )
+        with self._lock:
+            for name, value in state_dict.items():
+                target = own[name]
+                if target.shape != value.shape:
+                    raise ValueError(
+                        f"update_weights: {name} has shape {tuple(value.shape)}, the model expects {tuple(target.shape)}"
+                    )
+                target.copy_(value.to(device=target.device, dtype=target.dtype))
+            self._model_version = version
+
+    def load_checkpoint(self, path: str | Path, version: int) -> None:
+        from transformers import AutoModelForCausalLM
+
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
+        self.update_weights(loaded.state_dict(), version)

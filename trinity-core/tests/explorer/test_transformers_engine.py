@@ -1,0 +1,155 @@
+"""The transformers rollout engine on the tiny local model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from trinity.explorer.engines.base import SamplingArgs, finish_point
+from trinity.testing.tiny_model import create_tiny_model
+
+
+def _reference_logprobs(model, tokens, prompt_length, temperature):
+    """An independent full forward pass over the finished sequence."""
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / temperature
+    lp = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+    return lp[prompt_length - 1 :]
+
+
+def test_generate_shapes_texts_and_reasons(engine):
+    prompts = ["ab", "a much longer prompt"]
+    exps = engine.generate(prompts, n=3, max_tokens=7, temperature=1.0, seed=5)
+    assert len(exps) == 6
+    for i, exp in enumerate(exps):
+        prompt_ids = engine.encode(prompts[i // 3])
+        assert exp.tokens[: exp.prompt_length].tolist() == prompt_ids
+        assert exp.prompt_text == prompts[i // 3]
+        assert 1 <= exp.response_length <= 7
+        assert exp.logprobs.shape == (exp.response_length,) and exp.logprobs.dtype == torch.float32
+        assert (exp.logprobs <= 0).all()
+        assert exp.info["finish_reason"] in {"stop", "length"}
+        if exp.info["finish_reason"] == "length":
+            assert exp.response_length == 7
+            assert exp.response_text == engine.tokenizer.decode(
+                exp.tokens[exp.prompt_length :], skip_special_tokens=True
+            )
+        assert exp.model_version == engine.model_version
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_a_separate_forward_pass(engine, tiny_model_path, temperature):
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    # Prompts of different lengths: left padding must not change the numbers.
+    exps = engine.generate(
+        ["x", "hello there", "12+34="], n=2, max_tokens=16, temperature=temperature, seed=0
+    )
+    for exp in exps:
+        tokens = exp.tokens.tolist()
+        expected = _reference_logprobs(reference, tokens, exp.prompt_length, temperature)
+        torch.testing.assert_close(exp.logprobs, expected, atol=1e-4, rtol=0)
+        # ... and the engine's own scoring agrees.
+        scored = engine.logprobs(tokens, temperature=temperature)[exp.prompt_length - 1 :]
+        torch.testing.assert_close(scored, expected, atol=1e-4, rtol=0)
+
+
+def test_n_samples_differ_and_seed_reproduces(engine):
+    a = engine.generate(["hello"], n=4, max_tokens=10, seed=11)
+    b = engine.generate(["hello"], n=4, max_tokens=10, seed=11)
+    c = engine.generate(["hello"], n=4, max_tokens=10, seed=12)
+    ids = [tuple(e.tokens.tolist()) for e in a]
+    assert ids == [tuple(e.tokens.tolist()) for e in b]
+    assert len(set(ids)) > 1
+    assert ids != [tuple(e.tokens.tolist()) for e in c]
+
+
+def test_unseeded_calls_continue_one_stream(engine):
+    a = engine.generate(["hello"], max_tokens=10)
+    b = engine.generate(["hello"], max_tokens=10)
+    assert a[0].tokens.tolist() != b[0].tokens.tolist()
+
+
+def test_greedy_is_the_argmax_path(engine):
+    exp = engine.generate(["hello"], temperature=0, max_tokens=8)[0]
+    ids = engine.encode("hello")
+    with torch.no_grad():
+        for _ in range(exp.response_length):
+            ids.append(int(engine.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    assert exp.tokens.tolist() == ids
+
+
+def test_max_tokens_caps_the_response(engine):
+    exps = engine.generate(["abc"], n=4, max_tokens=3, seed=2)
+    assert all(e.response_length <= 3 for e in exps)
+    assert any(e.info["finish_reason"] == "length" and e.response_length == 3 for e in exps)
+
+
+def test_stop_string_ends_the_response(engine):
+    full = engine.generate(["hello"], max_tokens=30, seed=3)[0]
+    text = full.response_text
+    stop = text[len(text) // 2]  # a character the same seeded sample will produce
+    cut = text.index(stop)
+    stopped = engine.generate(["hello"], max_tokens=30, seed=3, stop=[stop])[0]
+    assert stopped.info["finish_reason"] == "stop"
+    assert stopped.response_text == text[:cut]
+    assert stopped.response_length == cut + 1  # the token completing the stop string is kept
+    assert stopped.logprobs.shape == (cut + 1,)
+
+
+def test_finish_point_eos_and_multi_token_stop():
+    decode = "".join  # one character per "token"
+    assert finish_point(list("abc"), {"<eos>"}, [], decode) == (3, "length", "abc")
+    assert finish_point(
+        ["a", "<eos>", "b"], {"<eos>"}, [], lambda t: "".join(x for x in t if x != "<eos>")
+    ) == (
+        2,
+        "stop",
+        "a",
+    )
+    assert finish_point(list("xxSTOPyy"), set(), ["STOP", "yy"], decode) == (6, "stop", "xx")
+
+
+def test_chat_applies_the_template(engine):
+    messages = [{"role": "user", "content": "hi"}]
+    exp = engine.chat(messages, max_tokens=4, seed=0)[0]
+    assert exp.prompt_text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    cont = engine.apply_chat_template([*messages, {"role": "assistant", "content": "he"}])
+    assert cont.endswith("<|im_start|>assistant\nhe")
+
+
+def test_sampling_args_validation():
+    args = SamplingArgs().updated({"temperature": 0.5, "top_k": None}, n=2, stop="END")
+    assert (args.temperature, args.top_k, args.n, args.stop) == (0.5, -1, 2, ["END"])
+    with pytest.raises(TypeError, match="max_tokenz"):
+        SamplingArgs().updated(max_tokenz=3)
+    with pytest.raises(ValueError, match="n must be"):
+        SamplingArgs(n=0)
+
+
+def test_update_weights_and_load_checkpoint(tmp_path, tiny_model_path):
+    from trinity.explorer.engines.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu")
+    tokens = engine.encode("hello world")
+    before = engine.logprobs(tokens)
+    other_path = create_tiny_model(tmp_path / "other", seed=7)
+    other = AutoModelForCausalLM.from_pretrained(other_path, dtype=torch.float32)
+
+    engine.update_weights(other.state_dict(), version=3)
+    assert engine.model_version == 3
+    expected = _reference_logprobs(other, tokens, 1, 1.0)
+    torch.testing.assert_close(engine.logprobs(tokens), expected, atol=1e-5, rtol=0)
+    assert engine.generate(["a"], max_tokens=2)[0].model_version == 3
+
+    engine.load_checkpoint(tiny_model_path, version=4)
+    torch.testing.assert_close(engine.logprobs(tokens), before, atol=1e-6, rtol=0)
+    assert engine.model_version == 4
+
+    with pytest.raises(KeyError, match="not in the rollout model"):
+        engine.update_weights({"no.such.weight": torch.zeros(1)}, version=5)
+    name, value = next(iter(other.state_dict().items()))
+    with pytest.raises(ValueError, match="shape"):
+        engine.update_weights({name: torch.zeros(value.shape[0] + 1)}, version=5)
+    assert engine.model_version == 4
