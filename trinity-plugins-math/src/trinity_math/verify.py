@@ -87,7 +87,9 @@ def _compare_here(answer: str, truth: str, timeout_seconds: float) -> Verdict:
             return Verdict(bool(answer.strip()) and _normalise_text(answer) == _normalise_text(truth))
         if not pred:
             return Verdict(False)
-        return Verdict(bool(verify(gold, pred, timeout_seconds=_int_timeout(timeout_seconds), raise_on_error=True)))
+        return Verdict(
+            bool(verify(gold, pred, timeout_seconds=_int_timeout(timeout_seconds), raise_on_error=True))
+        )
     except TimeoutException:
         return Verdict(False, timed_out=True)
     except Exception:  # a parser/sympy error on model output is a wrong answer, not a crash
@@ -138,11 +140,16 @@ class _Worker:
                 self._proc.stdin.flush()
             except BrokenPipeError:
                 self._kill()
-                raise RuntimeError("the math-verify worker process died; it is restarted on the next call")
+                raise RuntimeError(
+                    "the math-verify worker process died; it is restarted on the next call"
+                ) from None
             # Two parses and one comparison, each bounded by the timeout inside the worker.
             line = _readline(self._proc.stdout, 3 * _int_timeout(timeout_seconds) + 2)
             if line is None:
-                logger.warning("math-verify worker did not answer in time; restarting it")
+                crashed = self._proc.poll() is not None
+                logger.warning(
+                    "math-verify worker %s; restarting it", "crashed" if crashed else "did not answer in time"
+                )
                 self._kill()
                 return Verdict(False, timed_out=True)
             reply = json.loads(line)
