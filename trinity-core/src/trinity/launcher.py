@@ -1,0 +1,264 @@
+"""Ray orchestration of a job: stages, modes, actors and the explore/train/sync schedule.
+
+``run(config)`` runs every stage in sequence (each starting from the previous stage's
+weights) and returns a process exit code. Per stage it connects to Ray (``cluster.ray_address``
+or a local Ray started with this machine's CPUs), starts the actors the mode needs, drives
+them step by step and always shuts them down: on success, on Ctrl-C and when an actor dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trinity.config import Config
+
+logger = logging.getLogger("trinity.launcher")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+class JobFailed(RuntimeError):
+    """An actor failed; the message says which one and why."""
+
+
+@dataclass
+class StageResult:
+    name: str
+    trainer_steps: int
+    explorer_steps: int
+    final_checkpoint: str | None
+    metrics: dict[str, float]
+
+
+def run(config: Config) -> int:
+    """Run all stages of ``config``; return the process exit code."""
+    _setup_driver_logging()
+    previous_checkpoint: str | None = None
+    stages = config.stage_configs()
+    for index, stage in enumerate(stages):
+        if previous_checkpoint is not None:
+            # Each stage starts from the weights the previous one ended with.
+            stage.model.model_path = previous_checkpoint
+        label = stage.name if len(stages) > 1 else config.name
+        print(f"[trinity] stage {index + 1}/{len(stages)}: {label} (mode {stage.mode})", flush=True)
+        try:
+            result = run_stage(stage)
+        except KeyboardInterrupt:
+            print("[trinity] interrupted; actors stopped.", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except JobFailed as exc:
+            print(f"[trinity] job failed: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        previous_checkpoint = result.final_checkpoint or previous_checkpoint
+    return EXIT_OK
+
+
+def _setup_driver_logging() -> None:
+    if not logging.getLogger("trinity").handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[trinity] %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger("trinity").addHandler(handler)
+        logging.getLogger("trinity").setLevel(logging.INFO)
+
+
+def _init_ray(config: Config) -> Any:
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    env_vars = {
+        key: value
+        for key, value in os.environ.items()
+        if key.startswith("TRINITY_")
+        or key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM")
+    }
+    env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
+    runtime_env = {"env_vars": env_vars}
+    address = config.cluster.ray_address
+    if address and address != "auto":
+        ray.init(
+            address=address, namespace=config.ray_namespace, runtime_env=runtime_env, log_to_driver=False
+        )
+        return ray
+    try:
+        # An existing local cluster, if one runs.
+        ray.init(address="auto", namespace=config.ray_namespace, runtime_env=runtime_env, log_to_driver=False)
+    except ConnectionError:
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, 2),
+            namespace=config.ray_namespace,
+            runtime_env=runtime_env,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    return ray
+
+
+def run_stage(config: Config) -> StageResult:
+    """Run one stage (one resolved config) to completion."""
+    from trinity.actors import ExplorerActor, TrainerActor
+    from trinity.monitor import get_monitors
+    from trinity.sync.schedule import SyncSchedule
+
+    ray = _init_ray(config)
+    job_dir = Path(config.checkpoint_job_dir)
+    (job_dir / "log").mkdir(parents=True, exist_ok=True)
+    monitors = get_monitors(config)
+    actors: list[Any] = []
+
+    def _stop(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous_handler = signal.signal(signal.SIGTERM, _stop)
+    try:
+        explorer = trainer = None
+        if config.mode in ("both", "explore", "bench"):
+            explorer = ExplorerActor.options(name=config.explorer.name, num_cpus=1).remote(config)
+            actors.append(explorer)
+        if config.mode in ("both", "train"):
+            trainer = TrainerActor.options(name=config.trainer.name, num_cpus=1).remote(config)
+            actors.append(trainer)
+        # Construction errors surface here, with the actor named.
+        _get(ray, [a.ready.remote() for a in actors], "starting actors")
+        if config.mode == "bench":
+            metrics = _get(ray, explorer.benchmark.remote(), "explorer benchmark")
+            _log(monitors, metrics, 0)
+            return StageResult(config.name, 0, 0, None, metrics)
+        schedule = SyncSchedule.from_config(config)
+        return _drive(ray, config, explorer, trainer, schedule, monitors)
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+        for monitor in monitors:
+            monitor.close()
+        for actor in actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # the actor may already be gone
+                pass
+        ray.shutdown()
+
+
+def _get(ray: Any, refs: Any, doing: str) -> Any:
+    from ray.exceptions import RayActorError, RayTaskError
+
+    try:
+        return ray.get(refs)
+    except RayTaskError as exc:
+        raise JobFailed(f"{doing}: {exc.cause!r}" if exc.cause else f"{doing}: {exc}") from exc
+    except RayActorError as exc:
+        raise JobFailed(f"{doing}: an actor died ({exc})") from exc
+
+
+def _log(monitors: list[Any], metrics: dict[str, Any], step: int) -> None:
+    numeric = {
+        k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    for monitor in monitors:
+        monitor.log(numeric, step)
+
+
+def _drive(
+    ray: Any, config: Config, explorer: Any, trainer: Any, schedule: Any, monitors: list[Any]
+) -> StageResult:
+    """Step explorer and trainer concurrently, syncing weights as the schedule says."""
+    explorer_step = _get(ray, explorer.current_step.remote(), "explorer") if explorer else 0
+    trainer_step = _get(ray, trainer.current_step.remote(), "trainer") if trainer else 0
+    total = schedule.total_steps
+    explore_ref = train_ref = None
+    explorer_done = explorer is None
+    trainer_done = trainer is None
+    last_metrics: dict[str, float] = {}
+    start = time.monotonic()
+
+    if explorer is not None and config.explorer.eval_on_startup and explorer_step == 0:
+        _log(monitors, _get(ray, explorer.eval.remote(), "explorer eval"), 0)
+
+    while not (explorer_done and trainer_done):
+        if explorer is not None and not explorer_done and explore_ref is None:
+            if total is not None and explorer_step >= total:
+                explorer_done = True
+                _get(ray, explorer.finish.remote(), "explorer finish")
+            else:
+                version = schedule.version_before_explore(explorer_step, trainer_step)
+                if version is not None and trainer is not None:
+                    if version <= trainer_step or trainer_done:
+                        _sync(ray, config, explorer, trainer)
+                        explore_ref = explorer.explore_step.remote()
+                    # else: wait for the trainer to get there
+                else:
+                    explore_ref = explorer.explore_step.remote()
+        if trainer is not None and not trainer_done and train_ref is None:
+            if total is not None and trainer_step >= total:
+                trainer_done = True
+            else:
+                train_ref = trainer.train_step.remote()
+        pending = [r for r in (explore_ref, train_ref) if r is not None]
+        if not pending:
+            continue
+        ready, _ = ray.wait(pending, num_returns=1)
+        if explore_ref is not None and explore_ref in ready:
+            metrics = _get(ray, explore_ref, "explorer step")
+            explore_ref = None
+            if metrics is None:  # taskset exhausted
+                explorer_done = True
+                _get(ray, explorer.finish.remote(), "explorer finish")
+            else:
+                explorer_step += 1
+                _log(monitors, metrics, explorer_step)
+                last_metrics.update(metrics)
+                if schedule.eval_due(explorer_step):
+                    _log(monitors, _get(ray, explorer.eval.remote(), "explorer eval"), explorer_step)
+        if train_ref is not None and train_ref in ready:
+            metrics = _get(ray, train_ref, "trainer step")
+            train_ref = None
+            if metrics is None:  # no more experiences will come
+                trainer_done = True
+            else:
+                trainer_step += 1
+                _log(monitors, metrics, trainer_step)
+                last_metrics.update(metrics)
+    final_checkpoint = None
+    if trainer is not None:
+        final_checkpoint = _get(ray, trainer.finish.remote(), "trainer finish")
+    if explorer is not None and config.explorer.eval_interval and trainer is not None:
+        # Evaluate the final weights once more when the last step was not an eval step.
+        if not schedule.eval_due(explorer_step) and final_checkpoint:
+            _sync(ray, config, explorer, trainer)
+            _log(monitors, _get(ray, explorer.eval.remote(), "explorer eval"), explorer_step)
+    elapsed = time.monotonic() - start
+    print(
+        f"[trinity] done: {trainer_step} train steps, {explorer_step} explore steps in {elapsed:.0f}s"
+        + (f"; final weights {final_checkpoint}" if final_checkpoint else ""),
+        flush=True,
+    )
+    return StageResult(config.name, trainer_step, explorer_step, final_checkpoint, last_metrics)
+
+
+def _sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> None:
+    """Move the trainer's current weights to the explorer; their version is the trainer step.
+
+    Calls on one actor run in submission order, so the weights are those after every train
+    step submitted so far (never a half-updated model).
+    """
+    method = config.synchronizer.sync_method
+    if method == "checkpoint":
+        path_and_version = trainer.save_weights.remote()
+        _get(ray, explorer.load_checkpoint.remote(path_and_version), "explorer checkpoint sync")
+    elif method == "memory":
+        weights_and_version = trainer.get_weights.remote()
+        # Passing the ref inside a list keeps Ray from materialising it in the driver.
+        _get(ray, explorer.update_weights.remote([weights_and_version]), "explorer weight sync")
+    else:
+        raise JobFailed(
+            f"synchronizer.sync_method {method!r} needs GPUs with vLLM (nccl); use 'memory' or 'checkpoint' on CPU"
+        )
