@@ -8,6 +8,7 @@ them step by step and always shuts them down: on success, on Ctrl-C and when an 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -141,10 +142,8 @@ def run_stage(config: Config) -> StageResult:
         for monitor in monitors:
             monitor.close()
         for actor in actors:
-            try:
+            with contextlib.suppress(Exception):  # the actor may already be gone
                 ray.kill(actor)
-            except Exception:  # the actor may already be gone
-                pass
         ray.shutdown()
 
 
@@ -230,11 +229,11 @@ def _drive(
     final_checkpoint = None
     if trainer is not None:
         final_checkpoint = _get(ray, trainer.finish.remote(), "trainer finish")
-    if explorer is not None and config.explorer.eval_interval and trainer is not None:
-        # Evaluate the final weights once more when the last step was not an eval step.
-        if not schedule.eval_due(explorer_step) and final_checkpoint:
-            _sync(ray, config, explorer, trainer)
-            _log(monitors, _get(ray, explorer.eval.remote(), "explorer eval"), explorer_step)
+    # Evaluate the final weights once more when the last step was not an eval step.
+    final_eval_needed = config.explorer.eval_interval and not schedule.eval_due(explorer_step)
+    if explorer is not None and trainer is not None and final_checkpoint and final_eval_needed:
+        _sync(ray, config, explorer, trainer)
+        _log(monitors, _get(ray, explorer.eval.remote(), "explorer eval"), explorer_step)
     elapsed = time.monotonic() - start
     print(
         f"[trinity] done: {trainer_step} train steps, {explorer_step} explore steps in {elapsed:.0f}s"
