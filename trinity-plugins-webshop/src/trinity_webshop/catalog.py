@@ -67,7 +67,9 @@ class Catalog:
         self.by_asin = {p["asin"].upper(): p for p in self.products}
         for index, goal in enumerate(self.goals):
             if goal["asin"].upper() not in self.by_asin:
-                raise ValueError(f"{self.source} goals, row {index + 1}: target asin {goal['asin']!r} is not a product")
+                raise ValueError(
+                    f"{self.source} goals, row {index + 1}: target asin {goal['asin']!r} is not a product"
+                )
 
     # -- lookups --------------------------------------------------------------------------
 
@@ -85,7 +87,9 @@ class Catalog:
         if not isinstance(goal_index, int) or isinstance(goal_index, bool):
             raise TypeError(f"goal_index must be an int, got {goal_index!r}")
         if not 0 <= goal_index < len(self.goals):
-            raise IndexError(f"goal_index {goal_index} is out of range: {self.source} has goals 0..{len(self.goals) - 1}")
+            raise IndexError(
+                f"goal_index {goal_index} is out of range: {self.source} has goals 0..{len(self.goals) - 1}"
+            )
         return self.goals[goal_index]
 
     def goal_indices(self, split: str | None = None) -> list[int]:
@@ -104,7 +108,12 @@ class Catalog:
     def _document(product: dict[str, Any]) -> str:
         options = " ".join(v for values in product.get("options", {}).values() for v in values)
         return " ".join(
-            [product["Title"], " ".join(product.get("BulletPoints", [])), product.get("Description", ""), options]
+            [
+                product["Title"],
+                " ".join(product.get("BulletPoints", [])),
+                product.get("Description", ""),
+                options,
+            ]
         )
 
     def _bm25(self) -> Any:
@@ -113,7 +122,9 @@ class Catalog:
         if self._index is None:
             import bm25s
 
-            corpus = bm25s.tokenize([self._document(p) for p in self.products], stopwords="en", show_progress=False)
+            corpus = bm25s.tokenize(
+                [self._document(p) for p in self.products], stopwords="en", show_progress=False
+            )
             index = bm25s.BM25()
             index.index(corpus, show_progress=False)
             self._index = index

@@ -132,7 +132,11 @@ class WebShopSession:
             parts = [*head, BACK_TO_SEARCH, PREV_PAGE]
             for name, values in product["options"].items():
                 parts += [name, *values]
-            parts += [product["Title"], f"Price: {product['Price']}", f"Rating: {product.get('Rating', 'N.A.')}"]
+            parts += [
+                product["Title"],
+                f"Price: {product['Price']}",
+                f"Rating: {product.get('Rating', 'N.A.')}",
+            ]
             parts += [*SUB_PAGES, END_BUTTON]
         elif self.page_kind == "sub":
             parts = [*head, BACK_TO_SEARCH, PREV_PAGE, *self._sub_page_texts()]
@@ -249,7 +253,9 @@ class WebShopEnv:
     goal index is drawn from. ``max_steps`` is the default step limit of new sessions.
     """
 
-    def __init__(self, catalog: Catalog | None = None, split: str | None = None, max_steps: int = DEFAULT_MAX_STEPS):
+    def __init__(
+        self, catalog: Catalog | None = None, split: str | None = None, max_steps: int = DEFAULT_MAX_STEPS
+    ):
         self.catalog = catalog if catalog is not None else default_catalog()
         self.split = split
         self.max_steps = max_steps

@@ -28,8 +28,38 @@ FUZZY_THRESHOLD = 85
 _WORD = re.compile(r"[a-z][a-z0-9'-]*")
 # Used only when a product or goal carries no precomputed ``title_nouns``.
 _NOT_NOUNS = frozenset(
-    "a an and the for with of in on to by from at or 's free long lasting new natural best "
-    "x small medium large pack oz fl ounce inch".split()
+    [
+        "a",
+        "an",
+        "and",
+        "the",
+        "for",
+        "with",
+        "of",
+        "in",
+        "on",
+        "to",
+        "by",
+        "from",
+        "at",
+        "or",
+        "'s",
+        "free",
+        "long",
+        "lasting",
+        "new",
+        "natural",
+        "best",
+        "x",
+        "small",
+        "medium",
+        "large",
+        "pack",
+        "oz",
+        "fl",
+        "ounce",
+        "inch",
+    ]
 )
 
 
@@ -54,7 +84,10 @@ def get_type_reward(purchased_product: dict[str, Any], goal: dict[str, Any]) -> 
     """``r_type`` and what it was decided from (``query_match``, ``category_match``, ``title_score``)."""
     query_match = purchased_product.get("query") == goal.get("query")
     category_match = (
-        len(_categories(purchased_product.get("product_category", "")) & _categories(goal.get("product_category", "")))
+        len(
+            _categories(purchased_product.get("product_category", ""))
+            & _categories(goal.get("product_category", ""))
+        )
         >= 2
     )
     desired = set(title_nouns(goal))
@@ -102,7 +135,9 @@ def get_attribute_reward(purchased_product: dict[str, Any], goal: dict[str, Any]
 
 
 def get_option_reward(
-    purchased_product: dict[str, Any], goal_options: list[str] | dict[str, str], purchased_options: dict[str, str]
+    purchased_product: dict[str, Any],
+    goal_options: list[str] | dict[str, str],
+    purchased_options: dict[str, str],
 ) -> tuple[float | None, int]:
     """``(r_option, matches)``: purchased options that match a goal option (exactly for sizes,
     fuzzily otherwise) or occur verbatim in the product's text. ``r_option`` is ``None`` when
