@@ -1,0 +1,196 @@
+"""The model handle workflows receive: a thin, history-keeping front of a rollout engine.
+
+It implements the :class:`trinity.workflow.ModelWrapper` protocol (``chat``, ``generate``,
+async twins, ``logprobs``, ``convert_messages_to_experience``, ``get_openai_client``).
+With ``enable_history`` every Experience it hands out, including those made for OpenAI API
+calls, is also recorded, for workflows whose agent code never sees Experiences;
+:meth:`ModelWrapper.extract_experience_from_history` collects them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from trinity.experience import Experience
+    from trinity.explorer.engines.base import RolloutEngine
+    from trinity.explorer.openai_server import OpenAIServer
+
+
+class ModelWrapper:
+    """What a workflow sees of one rollout engine.
+
+    Args:
+        engine: the :class:`~trinity.explorer.engines.base.RolloutEngine` serving requests.
+        enable_history: record every returned Experience (see :meth:`extract_experience_from_history`).
+        name: shown in logs and as the model id of the OpenAI API.
+    """
+
+    def __init__(self, engine: RolloutEngine, *, enable_history: bool = False, name: str = "rollout") -> None:
+        self.engine = engine
+        self.enable_history = enable_history
+        self.name = name
+        self._history: list[Experience] = []
+        self._lock = threading.Lock()
+        self._server: OpenAIServer | None = None
+
+    @property
+    def model_version(self) -> int:
+        """Version of the weights the engine holds."""
+        return self.engine.model_version
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    # -- generation ------------------------------------------------------------------------
+
+    def chat(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
+        """Sample replies to ``messages`` (``n`` in ``rollout_args`` for several)."""
+        return self._record(self.engine.chat(messages, **rollout_args))
+
+    def generate(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
+        """Sample continuations of raw prompts (no chat template), prompt-major."""
+        return self._record(self.engine.generate(prompts, **rollout_args))
+
+    async def chat_async(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
+        """Async twin of :meth:`chat`."""
+        return self._record(await self.engine.chat_async(messages, **rollout_args))
+
+    async def generate_async(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
+        """Async twin of :meth:`generate`."""
+        return self._record(await self.engine.generate_async(prompts, **rollout_args))
+
+    def logprobs(self, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
+        """Logprobs of ``tokens[1:]`` under the current weights, ``(len(tokens) - 1,)``."""
+        return self.engine.logprobs(list(tokens), temperature)
+
+    async def logprobs_async(self, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
+        """Async twin of :meth:`logprobs`."""
+        return await self.engine.logprobs_async(list(tokens), temperature)
+
+    # -- multi-turn ------------------------------------------------------------------------
+
+    def convert_messages_to_experience(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> Experience:
+        """One Experience for a whole conversation.
+
+        ``tokens`` is the chat template applied to ``messages``; the prompt is everything before
+        the first assistant turn; ``action_mask`` marks exactly the assistant tokens (from the
+        template's ``{% generation %}`` markers; for templates without them, each assistant turn
+        is located by templating the conversation up to it). Logprobs are recomputed under the
+        current weights.
+        """
+        import torch
+
+        from trinity.experience import Experience
+
+        ids, mask = assistant_token_mask(self.engine.tokenizer, messages, self.engine.chat_template, tools)
+        if 1 not in mask:
+            raise ValueError("convert_messages_to_experience: the conversation has no assistant message")
+        prompt_length = mask.index(1)
+        logprobs = self.engine.logprobs(ids)[prompt_length - 1 :] if prompt_length > 0 else None
+        return Experience(
+            tokens=torch.tensor(ids, dtype=torch.long),
+            prompt_length=prompt_length,
+            logprobs=logprobs,
+            action_mask=torch.tensor(mask[prompt_length:], dtype=torch.bool),
+            prompt_text=self.engine.tokenizer.decode(ids[:prompt_length]),
+            response_text=self.engine.tokenizer.decode(ids[prompt_length:]),
+            messages=[dict(m) for m in messages],
+            model_version=self.model_version,
+        )
+
+    # -- history ---------------------------------------------------------------------------
+
+    def _record(self, experiences: list[Experience]) -> list[Experience]:
+        if self.enable_history:
+            with self._lock:
+                self._history.extend(experiences)
+        return experiences
+
+    def extract_experience_from_history(self, clear_history: bool = True) -> list[Experience]:
+        """Experiences recorded since the last extraction (needs ``enable_history``)."""
+        if not self.enable_history:
+            raise RuntimeError(
+                "extract_experience_from_history needs enable_history: set "
+                "explorer.rollout_model.enable_history: true in the config"
+            )
+        with self._lock:
+            out = list(self._history)
+            if clear_history:
+                self._history.clear()
+        return out
+
+    # -- OpenAI API ------------------------------------------------------------------------
+
+    @property
+    def openai_base_url(self) -> str:
+        """``http://127.0.0.1:<port>/v1`` of the OpenAI-compatible server (started on first use)."""
+        with self._lock:
+            if self._server is None:
+                from trinity.explorer.openai_server import OpenAIServer
+
+                self._server = OpenAIServer(self)
+                self._server.start()
+        return self._server.base_url
+
+    def get_openai_client(self) -> Any:
+        """An ``openai.OpenAI`` client talking to this engine through a local server bound to
+        127.0.0.1 (calls are recorded in the history when ``enable_history`` is on)."""
+        try:
+            import openai
+        except ImportError:
+            raise ImportError(
+                "get_openai_client() needs the openai package: pip install openai "
+                f"(or send HTTP requests to {self.openai_base_url}/chat/completions yourself)"
+            ) from None
+        return openai.OpenAI(base_url=self.openai_base_url, api_key="EMPTY")
+
+    def close(self) -> None:
+        """Stop the OpenAI server if one was started."""
+        with self._lock:
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+
+
+def assistant_token_mask(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    chat_template: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> tuple[list[int], list[int]]:
+    """Token ids of the templated conversation and a 0/1 mask of the assistant tokens."""
+    kwargs: dict[str, Any] = {"chat_template": chat_template}
+    if tools:
+        kwargs["tools"] = tools
+    out = tokenizer.apply_chat_template(
+        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kwargs
+    )
+    ids = list(out["input_ids"])
+    mask = [int(bool(m)) for m in out.get("assistant_masks", [])]
+    if any(mask) or not any(m.get("role") == "assistant" for m in messages):
+        return ids, mask or [0] * len(ids)
+    # No {% generation %} markers in the template: an assistant turn spans from the end of
+    # the conversation-before-it plus the generation prompt, to the end of the turn itself.
+    mask = [0] * len(ids)
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        start = _template_length(tokenizer, messages[:i], add_generation_prompt=True, **kwargs)
+        end = _template_length(tokenizer, messages[: i + 1], **kwargs)
+        for j in range(start, min(end, len(ids))):
+            mask[j] = 1
+    return ids, mask
+
+
+def _template_length(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> int:
+    if not messages:
+        return 0
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
+    return len(out["input_ids"])
