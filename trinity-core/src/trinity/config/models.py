@@ -37,8 +37,8 @@ class StageConfig(Section):
 
 
 class Config(Section):
-    """A whole Trinity job. Load it with :func:`trinity.config.load_config`, which also resolves
-    derived values (:func:`trinity.config.resolve_config`)."""
+    """A whole Trinity job. Load it with `trinity.config.load_config`, which also fills in
+    derived values (`trinity.config.resolve_config`)."""
 
     mode: Mode = F(
         "both", "`both` (explore and train), `train`, `explore` or `bench` (evaluate checkpoints)."

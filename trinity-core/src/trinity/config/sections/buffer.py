@@ -156,9 +156,9 @@ class ExperienceBufferConfig(_StorageBase):
 class ExplorerInput(Section):
     """Tasksets the explorer trains and evaluates on."""
 
-    taskset: TasksetConfig | None = F(None, "A single training taskset (alias of a one-element `tasksets`).")
     tasksets: list[TasksetConfig] = F([], "Training tasksets.")
     eval_tasksets: list[TasksetConfig] = F([], "Evaluation tasksets.")
+    taskset: TasksetConfig | None = F(None, "A single training taskset (alias of a one-element `tasksets`).")
     default_workflow_type: str | None = F(None, "Workflow of tasksets that name none.")
     default_eval_workflow_type: str | None = F(None, "Workflow of eval tasksets that name none.")
     default_reward_fn_type: str | None = F(None, "Reward function of tasksets that name none.")
