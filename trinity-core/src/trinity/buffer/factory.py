@@ -1,0 +1,139 @@
+"""Building buffer readers and writers from configuration (what the explorer and trainer call).
+
+    writer = get_buffer_writer(config.buffer.trainer_input.experience_buffer)   # explorer
+    reader = get_buffer_reader(config.buffer.trainer_input.experience_buffer)   # trainer
+    tasks = get_taskset_reader(config.buffer.explorer_input.tasksets, config.buffer)
+
+Every object returned is picklable-free of open connections until first use, so it can be built
+in one process and used in another (a Ray actor); SQL storage reconnects after a fork.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trinity.buffer.base import BufferReader, BufferWriter
+    from trinity.buffer.taskset import TasksetScheduler
+    from trinity.config import BufferConfig, ExperienceBufferConfig, TasksetConfig
+
+
+def _sql_url(config: ExperienceBufferConfig, cache_dir: str | None) -> str:
+    if config.path:
+        return config.path
+    if cache_dir:
+        return f"sqlite:///{os.path.abspath(os.path.join(cache_dir, (config.name or 'experience') + '.db'))}"
+    raise ValueError(
+        f"experience buffer {config.name!r}: storage_type sql needs a path "
+        "(e.g. path: sqlite:///buffer.db, or any SQLAlchemy URL)"
+    )
+
+
+def _is_db_url(path: str | None) -> bool:
+    return bool(path) and "://" in str(path)
+
+
+def _replay(config: ExperienceBufferConfig) -> dict[str, Any]:
+    rb = config.replay_buffer
+    enable = bool(config.use_priority_queue) or bool(rb and rb.enable)
+    cooldown = config.reuse_cooldown_time if config.reuse_cooldown_time is not None else None
+    if rb is not None and rb.reuse_cooldown_time is not None:
+        cooldown = rb.reuse_cooldown_time
+    return {
+        "priority": enable,
+        "priority_fn": rb.priority_fn if rb else None,
+        "priority_fn_args": dict(rb.priority_fn_args) if rb else None,
+        "reuse_cooldown_time": cooldown,
+    }
+
+
+def _queue_actor(config: ExperienceBufferConfig) -> Any:
+    from trinity.buffer.queue import get_queue_actor
+
+    path = config.path
+    if path and not _is_db_url(path):
+        raise ValueError(
+            f"experience buffer {config.name!r}: a queue's path is its SQL backup and must be a "
+            f"SQLAlchemy URL such as sqlite:///backup.db, got {path!r}"
+        )
+    return get_queue_actor(
+        config.name or "experience",
+        namespace=config.ray_namespace,
+        capacity=config.capacity,
+        mirror_url=path or None,
+        **_replay(config),
+    )
+
+
+def get_buffer_writer(config: ExperienceBufferConfig, *, cache_dir: str | None = None) -> BufferWriter:
+    """A writer for an experience buffer, by ``storage_type`` (``sql``, ``queue``, ``file``).
+
+    ``cache_dir`` supplies a default SQLite file for ``sql`` buffers without a ``path``.
+    """
+    kind = config.storage_type
+    name = config.name or "experience"
+    if kind == "sql":
+        from trinity.buffer.sql import SQLStorage, SQLWriter
+
+        return SQLWriter(SQLStorage(_sql_url(config, cache_dir), name))
+    if kind == "queue":
+        from trinity.buffer.queue import QueueWriter
+
+        return QueueWriter(_queue_actor(config), name)
+    if kind == "file":
+        from trinity.buffer.file import FileWriter
+
+        if not config.path:
+            raise ValueError(f"experience buffer {name!r}: storage_type file needs a path (file or folder)")
+        return FileWriter(config.path, name)
+    raise ValueError(f"experience buffer {name!r}: unknown storage_type {kind!r}; use queue, sql or file")
+
+
+def get_buffer_reader(
+    config: ExperienceBufferConfig, *, tokenizer: Any = None, cache_dir: str | None = None
+) -> BufferReader:
+    """A reader for an experience buffer or an SFT/DPO dataset.
+
+    ``schema_type`` ``sft``/``dpo`` with ``file`` storage gives an
+    :class:`~trinity.buffer.sft.SFTDatasetReader` (``tokenizer``, or one loaded from
+    ``tokenizer_path``); otherwise the reader of the ``storage_type``. SQL buffers read FIFO,
+    or highest priority first when ``replay_buffer.enable`` is set.
+    """
+    kind = config.storage_type
+    name = config.name or "experience"
+    if config.schema_type in ("sft", "dpo") and kind == "file":
+        from trinity.buffer.sft import SFTDatasetReader
+
+        return SFTDatasetReader(config, tokenizer)
+    if kind == "sql":
+        from trinity.buffer.sql import SQLReader, SQLStorage
+
+        order = "priority" if _replay(config)["priority"] else "fifo"
+        return SQLReader(
+            SQLStorage(_sql_url(config, cache_dir), name),
+            order=order,
+            max_read_timeout=config.max_read_timeout,
+        )
+    if kind == "queue":
+        from trinity.buffer.queue import QueueReader
+
+        return QueueReader(_queue_actor(config), config.max_read_timeout, name)
+    if kind == "file":
+        from trinity.buffer.file import FileReader
+
+        if not config.path:
+            raise ValueError(f"experience buffer {name!r}: storage_type file needs a path (file or folder)")
+        return FileReader(config.path, name)
+    raise ValueError(f"experience buffer {name!r}: unknown storage_type {kind!r}; use queue, sql or file")
+
+
+def get_taskset_reader(
+    tasksets: TasksetConfig | Sequence[TasksetConfig], buffer_config: BufferConfig | None = None
+) -> TasksetScheduler:
+    """Read one or several (interleaved) tasksets; construction validates them all."""
+    from trinity.buffer.taskset import TasksetScheduler
+
+    configs = [tasksets] if not isinstance(tasksets, Sequence) else list(tasksets)
+    return TasksetScheduler(configs, buffer_config)

@@ -1,0 +1,293 @@
+"""Queue experience storage: a bounded in-memory queue served by a named Ray actor.
+
+The explorer's writers and the trainer's readers find the same actor by the buffer's ``name``.
+Experiences travel as serialised rows (``SQLStorage.rows_for``), so the actor never imports
+torch. With ``path`` set, every row is mirrored to SQL *before* it is acknowledged and marked
+consumed when it is read; an actor that restarts reloads the unread rows, so a crash loses nothing.
+
+Optional priority replay (``replay_buffer.enable`` or ``use_priority_queue``): rows are read
+highest priority first, and with ``reuse_cooldown_time`` a row read is put back after that many
+seconds with its use count increased (its priority recomputed), so good experiences are replayed.
+When a priority queue is full, the lowest-priority row is dropped instead of blocking writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from trinity.buffer.base import BufferExhausted
+
+if TYPE_CHECKING:
+    from trinity.experience import Experience
+
+logger = logging.getLogger(__name__)
+
+
+def linear_decay(model_version: int, use_count: int, decay: float = 0.1) -> float:
+    """Trinity-RFT's ``linear_decay``: newer weights first, each reuse costs ``decay``."""
+    return model_version - decay * use_count
+
+
+PRIORITY_FNS: dict[str, Callable[..., float]] = {"linear_decay": linear_decay}
+
+
+def resolve_priority_fn(
+    name: str | None, args: Mapping[str, Any] | None = None
+) -> Callable[[int, int], float]:
+    """``f(model_version, use_count) -> priority`` for a ``priority_fn`` name from the config."""
+    name = name or "linear_decay"
+    if name not in PRIORITY_FNS:
+        raise ValueError(
+            f"unknown replay_buffer.priority_fn {name!r}; known: {', '.join(sorted(PRIORITY_FNS))}"
+        )
+    fn, kwargs = PRIORITY_FNS[name], dict(args or {})
+    return lambda version, uses: fn(version, uses, **kwargs)
+
+
+class QueueActor:
+    """Body of the Ray actor (instantiated through :func:`get_queue_actor`).
+
+    Args:
+        name: buffer name (for messages).
+        capacity: most rows held in memory; FIFO writers wait for room.
+        mirror_url: SQLAlchemy URL to mirror rows to, or ``None``.
+        priority: use a priority queue (see the module docstring).
+        priority_fn / priority_fn_args: how priorities are computed (``linear_decay``).
+        reuse_cooldown_time: seconds before a read row is offered again; ``None`` = never.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        capacity: int = 10000,
+        mirror_url: str | None = None,
+        priority: bool = False,
+        priority_fn: str | None = None,
+        priority_fn_args: Mapping[str, Any] | None = None,
+        reuse_cooldown_time: float | None = None,
+    ) -> None:
+        self.name = name
+        self.capacity = max(1, int(capacity))
+        self.priority = priority
+        self.reuse_cooldown_time = reuse_cooldown_time
+        self._prio = resolve_priority_fn(priority_fn, priority_fn_args)
+        self._fifo: deque[tuple[int | None, bytes]] = deque()
+        # Sorted ascending by (priority, -seq): the best row is last, ties read oldest first.
+        self._sorted: list[tuple[tuple[float, int], int | None, bytes, int, int]] = []
+        self._seq = itertools.count()
+        self._cond = asyncio.Condition()
+        self._writers: dict[str, bool] = {}
+        self.dropped = 0
+        self.mirror = None
+        if mirror_url:
+            from trinity.buffer.sql import SQLStorage
+
+            self.mirror = SQLStorage(mirror_url, name)
+            # After a crash or restart the unread mirrored rows come back first, in write order.
+            for row_id, blob in self.mirror.unread("fifo"):
+                self._push(row_id, blob, 0, 0)
+
+    # -- internal --------------------------------------------------------------------------
+
+    def _size(self) -> int:
+        return len(self._sorted) if self.priority else len(self._fifo)
+
+    def _push(self, row_id: int | None, blob: bytes, model_version: int, use_count: int) -> None:
+        if not self.priority:
+            self._fifo.append((row_id, blob))
+            return
+        key = (self._prio(model_version, use_count), -next(self._seq))
+        bisect.insort(self._sorted, (key, row_id, blob, model_version, use_count))
+        if len(self._sorted) > self.capacity:
+            self._sorted.pop(0)
+            self.dropped += 1
+
+    def _pop(self, n: int) -> list[tuple[int | None, bytes, int, int]]:
+        out = []
+        while len(out) < n and self._size():
+            if self.priority:
+                _, row_id, blob, version, uses = self._sorted.pop()
+                out.append((row_id, blob, version, uses))
+            else:
+                row_id, blob = self._fifo.popleft()
+                out.append((row_id, blob, 0, 0))
+        return out
+
+    async def _reinsert_later(self, items: list[tuple[int | None, bytes, int, int]]) -> None:
+        await asyncio.sleep(self.reuse_cooldown_time or 0.0)
+        async with self._cond:
+            for row_id, blob, version, uses in items:
+                self._push(row_id, blob, version, uses + 1)
+            self._cond.notify_all()
+
+    # -- remote methods --------------------------------------------------------------------
+
+    def register_writer(self, writer_id: str) -> None:
+        """Record a writer (readers wait for all writers to finish before giving up)."""
+        self._writers.setdefault(writer_id, False)
+
+    async def finish_writer(self, writer_id: str) -> None:
+        """Mark a writer done and wake readers (they may now see the end)."""
+        async with self._cond:
+            self._writers[writer_id] = True
+            self._cond.notify_all()
+
+    async def put(self, rows: list[dict[str, Any]]) -> int:
+        """Store rows made by ``SQLStorage.rows_for``; returns how many are held afterwards."""
+        ids: list[int | None] = [None] * len(rows)
+        versions = [int(r.get("model_version") or 0) for r in rows]
+        if self.mirror is not None:
+            # Durable before acknowledged: a crash after this point loses nothing.
+            blobs = [r["blob"] for r in rows]
+            ids = await asyncio.to_thread(self.mirror.insert_rows, rows)
+            for r, b in zip(rows, blobs):
+                r["blob"] = b
+        async with self._cond:
+            for row, row_id, version in zip(rows, ids, versions):
+                if not self.priority:
+                    await self._cond.wait_for(lambda: len(self._fifo) < self.capacity)
+                self._push(row_id, row["blob"], version, 0)
+                self._cond.notify_all()
+            return self._size()
+
+    def _exhausted(self) -> bool:
+        return bool(self._writers) and all(self._writers.values()) and self._size() == 0
+
+    async def get(self, n: int, timeout: float | None) -> list[bytes] | None:
+        """Up to ``n`` blobs, waiting at most ``timeout`` seconds for a full batch;
+        ``None`` when every writer finished and nothing is left."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        out: list[tuple[int | None, bytes, int, int]] = []
+        async with self._cond:
+            while True:
+                out.extend(self._pop(n - len(out)))
+                self._cond.notify_all()  # wake writers waiting for room
+                if len(out) >= n or self._exhausted():
+                    break
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self._cond.wait(), remaining)
+                except asyncio.TimeoutError:
+                    pass
+        if not out and self._exhausted():
+            return None
+        if self.mirror is not None:
+            await asyncio.to_thread(self.mirror.claim_ids, [i for i, *_ in out if i is not None])
+        if self.priority and self.reuse_cooldown_time is not None and out:
+            asyncio.get_running_loop().create_task(self._reinsert_later(out))
+        return [blob for _, blob, *_ in out]
+
+    def stats(self) -> dict[str, Any]:
+        """Queue length, capacity, dropped rows and writer states (for monitoring/tests)."""
+        return {
+            "size": self._size(),
+            "capacity": self.capacity,
+            "dropped": self.dropped,
+            "writers": len(self._writers),
+            "finished_writers": sum(self._writers.values()),
+        }
+
+
+def get_queue_actor(
+    name: str,
+    *,
+    namespace: str | None = None,
+    capacity: int = 10000,
+    mirror_url: str | None = None,
+    priority: bool = False,
+    priority_fn: str | None = None,
+    priority_fn_args: Mapping[str, Any] | None = None,
+    reuse_cooldown_time: float | None = None,
+) -> Any:
+    """The named queue actor, created on first use (``get_if_exists``) so that every process
+    asking for the same buffer name gets the same queue."""
+    import ray
+
+    cls = ray.remote(QueueActor)
+    return cls.options(
+        name=f"trinity_queue_{name}",
+        namespace=namespace,
+        get_if_exists=True,
+        num_cpus=0,
+        max_concurrency=1000,
+    ).remote(name, capacity, mirror_url, priority, priority_fn, priority_fn_args, reuse_cooldown_time)
+
+
+class QueueWriter:
+    """:class:`~trinity.buffer.base.BufferWriter` for ``storage_type: queue``."""
+
+    def __init__(self, actor: Any, name: str = "queue") -> None:
+        import uuid
+
+        from trinity.buffer.sql import SQLStorage
+
+        self.actor = actor
+        self._writer_id = uuid.uuid4().hex
+        # Only used for its row layout (no database is opened).
+        self._layout = SQLStorage("sqlite://", name)
+        self._registered = False
+
+    def _register(self) -> None:
+        import ray
+
+        if not self._registered:
+            ray.get(self.actor.register_writer.remote(self._writer_id))
+            self._registered = True
+
+    def write(self, experiences: Sequence[Experience]) -> None:
+        """Hand ``experiences`` to the queue actor (blocks while a FIFO queue is full)."""
+        import ray
+
+        self._register()
+        ray.get(self.actor.put.remote(self._layout.rows_for(experiences, self._writer_id)))
+
+    def finish(self) -> None:
+        """Tell readers this writer is done."""
+        import ray
+
+        self._register()
+        ray.get(self.actor.finish_writer.remote(self._writer_id))
+
+
+class QueueReader:
+    """:class:`~trinity.buffer.base.BufferReader` for ``storage_type: queue``.
+
+    ``read`` waits up to ``timeout`` (default ``max_read_timeout``) for a full batch, then
+    returns what it has.
+    """
+
+    def __init__(self, actor: Any, max_read_timeout: float | None = 1800.0, name: str = "queue") -> None:
+        self.actor = actor
+        self.max_read_timeout = max_read_timeout
+        self.name = name
+        self.rows_read = 0
+
+    def read(self, batch_size: int, timeout: float | None = None) -> list[Experience]:
+        """Up to ``batch_size`` experiences; :class:`BufferExhausted` when writers are done."""
+        import ray
+
+        from trinity.experience import Experience
+
+        timeout = self.max_read_timeout if timeout is None else timeout
+        blobs = ray.get(self.actor.get.remote(batch_size, timeout))
+        if blobs is None:
+            raise BufferExhausted(f"queue buffer {self.name!r}: all writers finished")
+        self.rows_read += len(blobs)
+        return [Experience.deserialize(b) for b in blobs]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The queue holds the position (mirrored to SQL when ``path`` is set)."""
+        return {"rows_read": self.rows_read}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Nothing to restore beyond the counter."""
+        self.rows_read = int(state.get("rows_read", 0))

@@ -1,0 +1,257 @@
+"""SFT and DPO datasets: rows tokenised with the model's chat template into Experiences.
+
+SFT (``schema_type: sft``): ``tokens`` = the whole conversation, ``prompt_length`` = the tokens
+before the first trained assistant turn, ``action_mask`` = 1 on assistant tokens only. With
+``enable_concatenated_multi_turn`` every assistant turn is trained (the user/tool turns between
+them are masked out); otherwise only the last assistant message is the response.
+
+DPO (``schema_type: dpo``): ``tokens`` = the prompt (with the generation prompt), and ``chosen`` /
+``rejected`` = the tokens of each reply as the template renders it after that prompt.
+
+Token boundaries come from rendering growing prefixes of the conversation, so any chat template
+works (no ``{% generation %}`` markers needed), as long as a prefix renders as a prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from trinity.buffer.base import BufferExhausted
+from trinity.buffer.dataset import DatasetError, load_rows
+from trinity.buffer.selector import Selector
+from trinity.buffer.taskset import check_messages
+
+if TYPE_CHECKING:
+    from trinity.config import ExperienceBufferConfig, FormatConfig
+    from trinity.experience import Experience
+
+logger = logging.getLogger(__name__)
+
+
+class SFTDataError(ValueError):
+    """A row cannot be turned into an SFT/DPO sample (skipped and counted by the reader)."""
+
+
+def load_tokenizer(path: str, chat_template: str | None = None) -> Any:
+    """``AutoTokenizer`` from a local folder; ``chat_template`` overrides the saved one."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    if not tokenizer.chat_template:
+        raise ValueError(
+            f"tokenizer at {path} has no chat template; set format.chat_template or model.custom_chat_template"
+        )
+    return tokenizer
+
+
+class ChatTokenizer:
+    """Renders conversations with a tokenizer's chat template and finds turn boundaries."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def ids(self, messages: list[dict], *, generation_prompt: bool, tools: Any = None) -> list[int]:
+        """Token ids of ``messages`` rendered by the chat template."""
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prefix_ok(self, prefix: list[int], full: list[int], what: str) -> None:
+        if full[: len(prefix)] != prefix:
+            raise SFTDataError(
+                f"the chat template does not render {what} as a prefix of the conversation; "
+                "use a template whose turns only append tokens"
+            )
+
+
+def _plain_messages(row: dict, fmt: FormatConfig, response: Any) -> list[dict]:
+    system = row.get(fmt.system_prompt_key) if fmt.system_prompt_key else None
+    system = system or fmt.system_prompt
+    prompt = row.get(fmt.prompt_key)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise SFTDataError(f"prompt {fmt.prompt_key!r} must be a non-empty string")
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": prompt})
+    if response is not None:
+        if not isinstance(response, str):
+            raise SFTDataError(f"response must be a string, got {type(response).__name__}")
+        messages.append({"role": "assistant", "content": (fmt.reply_prefix or "") + response})
+    return messages
+
+
+def sft_experience(row: Any, fmt: FormatConfig, chat: ChatTokenizer) -> Experience:
+    """One SFT :class:`~trinity.experience.Experience` from a dataset row."""
+    from trinity.experience import Experience
+
+    if not isinstance(row, dict):
+        raise SFTDataError(f"row must be a JSON object, got {type(row).__name__}")
+    tools = row.get(fmt.tools_key) if fmt.tools_key else None
+    if fmt.prompt_type == "messages":
+        messages = row.get(fmt.messages_key)
+        problem = check_messages(messages, fmt.messages_key)
+        if problem:
+            raise SFTDataError(problem)
+    else:
+        if fmt.response_key not in row:
+            raise SFTDataError(f"missing response key {fmt.response_key!r}")
+        messages = _plain_messages(row, fmt, row[fmt.response_key])
+    assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not assistant or assistant[-1] != len(messages) - 1:
+        raise SFTDataError("the conversation must end with an assistant message")
+    trained = assistant if fmt.enable_concatenated_multi_turn else assistant[-1:]
+    full = chat.ids(messages, generation_prompt=False, tools=tools)
+    mask = [0] * len(full)
+    prompt_length = None
+    for i in trained:
+        start_ids = chat.ids(messages[:i], generation_prompt=True, tools=tools)
+        end_ids = chat.ids(messages[: i + 1], generation_prompt=False, tools=tools)
+        chat.prefix_ok(start_ids, full, f"the turns before message {i}")
+        chat.prefix_ok(end_ids, full, f"the turns up to message {i}")
+        if prompt_length is None:
+            prompt_length = len(start_ids)
+        for t in range(len(start_ids), len(end_ids)):
+            mask[t] = 1
+    assert prompt_length is not None
+    if prompt_length >= len(full):
+        raise SFTDataError("the response renders to no tokens")
+    return Experience(
+        tokens=full,
+        prompt_length=prompt_length,
+        action_mask=mask[prompt_length:],
+        prompt_text=str(messages[trained[0] - 1].get("content")) if trained[0] > 0 else "",
+        response_text=str(messages[trained[-1]].get("content")),
+        messages=messages,
+    )
+
+
+def dpo_experience(row: Any, fmt: FormatConfig, chat: ChatTokenizer) -> Experience:
+    """One DPO :class:`~trinity.experience.Experience` (``chosen`` / ``rejected`` tensors)."""
+    from trinity.experience import Experience
+
+    if not isinstance(row, dict):
+        raise SFTDataError(f"row must be a JSON object, got {type(row).__name__}")
+    if fmt.prompt_type == "messages":
+        prompt = row.get(fmt.messages_key)
+        problem = check_messages(prompt, fmt.messages_key)
+        if problem:
+            raise SFTDataError(problem)
+    else:
+        prompt = _plain_messages(row, fmt, None)
+    replies = {}
+    for key in (fmt.chosen_key, fmt.rejected_key):
+        if key not in row or row[key] is None:
+            raise SFTDataError(f"missing {key!r}")
+        value = row[key]
+        if isinstance(value, str):
+            value = [{"role": "assistant", "content": (fmt.reply_prefix or "") + value}]
+        problem = check_messages(value, key)
+        if problem:
+            raise SFTDataError(problem)
+        replies[key] = value
+    prompt_ids = chat.ids(prompt, generation_prompt=True)
+    tensors = {}
+    for key, reply in replies.items():
+        full = chat.ids(prompt + reply, generation_prompt=False)
+        chat.prefix_ok(prompt_ids, full, "the prompt")
+        if len(full) == len(prompt_ids):
+            raise SFTDataError(f"{key!r} renders to no tokens")
+        tensors[key] = full[len(prompt_ids) :]
+    return Experience(
+        tokens=prompt_ids,
+        prompt_length=len(prompt_ids),
+        chosen=tensors[fmt.chosen_key],
+        rejected=tensors[fmt.rejected_key],
+        prompt_text=str(prompt[-1].get("content")),
+        response_text=str(replies[fmt.chosen_key][-1].get("content")),
+    )
+
+
+class SFTDatasetReader:
+    """:class:`~trinity.buffer.base.BufferReader` over an SFT or DPO dataset (file storage).
+
+    Rows are tokenised once at construction; unusable rows are skipped, logged with their file
+    and row number and counted (``buffer/<name>/skipped_rows``). Reads cycle through
+    ``total_epochs`` epochs in the ``data_selector`` order; the position is the state.
+
+    Args:
+        config: the buffer's :class:`~trinity.config.ExperienceBufferConfig`
+            (``schema_type`` ``sft`` or ``dpo``).
+        tokenizer: a tokenizer object, or ``None`` to load one from ``config.tokenizer_path``.
+    """
+
+    def __init__(self, config: ExperienceBufferConfig, tokenizer: Any = None) -> None:
+        self.config = config
+        self.name = config.name or "sft"
+        schema = config.schema_type or "sft"
+        if schema not in ("sft", "dpo"):
+            raise ValueError(f"buffer {self.name!r}: schema_type must be 'sft' or 'dpo', got {schema!r}")
+        fmt = config.format
+        if tokenizer is None:
+            if not config.tokenizer_path:
+                raise ValueError(
+                    f"buffer {self.name!r}: no tokenizer; set model.model_path (or tokenizer_path)"
+                )
+            tokenizer = load_tokenizer(config.tokenizer_path, fmt.chat_template)
+        elif fmt.chat_template:
+            tokenizer.chat_template = fmt.chat_template
+        chat = ChatTokenizer(tokenizer)
+        build = dpo_experience if schema == "dpo" else sft_experience
+        try:
+            raw = load_rows(config.path, split=config.split, subset_name=config.subset_name)
+        except DatasetError as exc:
+            raise ValueError(f"buffer {self.name!r}: {exc}") from None
+        self.skipped: Counter[str] = Counter()
+        self.samples: list[Experience] = []
+        for r in raw:
+            try:
+                if r.error:
+                    raise SFTDataError(r.error)
+                self.samples.append(build(r.value, fmt, chat))
+            except SFTDataError as exc:
+                self.skipped[str(exc).split(" (")[0]] += 1
+                if sum(self.skipped.values()) <= 20:
+                    logger.warning("buffer %r: skipping %s: %s", self.name, r.where, exc)
+        if not self.samples:
+            raise ValueError(f"buffer {self.name!r}: none of the {len(raw)} rows of {config.path} is usable")
+        sel = config.data_selector
+        self.selector = Selector(len(self.samples), sel.selector_type, sel.seed)
+        self.total_epochs = config.total_epochs or 1
+        self.total_steps = config.total_steps
+        self.position = int(config.index or 0)
+        self.steps = 0
+
+    def read(self, batch_size: int | None = None, timeout: float | None = None) -> list[Experience]:
+        """The next batch; :class:`BufferExhausted` after the last epoch or step."""
+        if self.total_steps is not None and self.steps >= self.total_steps:
+            raise BufferExhausted(f"buffer {self.name!r}: total_steps ({self.total_steps}) reached")
+        count = batch_size or self.config.batch_size or 1
+        if self.total_steps is None:
+            count = min(count, self.total_epochs * len(self.samples) - self.position)
+        if count <= 0:
+            raise BufferExhausted(f"buffer {self.name!r}: {self.total_epochs} epoch(s) done")
+        batch = [self.samples[i] for i in self.selector.indices(self.position, count)]
+        self.position += count
+        self.steps += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"position", "steps"}``."""
+        return {"position": self.position, "steps": self.steps}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a saved position."""
+        self.position = int(state.get("position", 0))
+        self.steps = int(state.get("steps", 0))
+
+    def metrics(self) -> dict[str, float]:
+        """``buffer/<name>/rows`` and ``buffer/<name>/skipped_rows``."""
+        return {
+            f"buffer/{self.name}/rows": len(self.samples),
+            f"buffer/{self.name}/skipped_rows": sum(self.skipped.values()),
+        }

@@ -1,0 +1,376 @@
+"""Taskset readers: turn a ``TasksetConfig`` into :class:`~trinity.workflow.Task` batches.
+
+Construction checks everything that would make the run pointless (missing file or folder, an
+unknown workflow or reward function, no usable row) and raises :class:`TasksetError` naming the
+taskset, before any model is loaded. Rows that are individually broken (invalid JSON, missing
+prompt, wrong type, unknown per-row workflow, ...) are skipped, logged with file and row number,
+and counted in :meth:`TasksetReader.metrics` as ``buffer/<taskset>/skipped_rows``.
+
+Several training tasksets are interleaved by :class:`TasksetScheduler`, task by task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from trinity.buffer.base import BufferExhausted
+from trinity.buffer.dataset import DatasetError, RawRow, load_rows
+from trinity.buffer.selector import Selector
+
+if TYPE_CHECKING:
+    from trinity.config import BufferConfig, TasksetConfig
+    from trinity.workflow import Task
+
+logger = logging.getLogger(__name__)
+
+_MAX_LOGGED_SKIPS = 20
+_ROLES = ("system", "user", "assistant", "tool", "function", "developer")
+
+
+class TasksetError(ValueError):
+    """A taskset cannot be used; the message names the taskset and what to fix."""
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def check_messages(value: Any, key: str) -> str | None:
+    """Why ``value`` is not a usable chat message list, or ``None`` when it is."""
+    if not isinstance(value, list):
+        return f"{key!r} must be a list of messages, got {_type_name(value)}"
+    if not value:
+        return f"{key!r} is an empty message list"
+    for i, msg in enumerate(value):
+        if not isinstance(msg, dict):
+            return f"{key}[{i}] must be an object with role and content, got {_type_name(msg)}"
+        if msg.get("role") not in _ROLES:
+            return f"{key}[{i}].role must be one of {', '.join(_ROLES)}, got {msg.get('role')!r}"
+        content = msg.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            return f"{key}[{i}].content must be a string, got {_type_name(content)}"
+    return None
+
+
+def _row_problem(row: Any, fmt: Any) -> str | None:
+    """Why a taskset row is unusable, or ``None``. Component names are checked separately."""
+    if not isinstance(row, dict):
+        return f"row must be a JSON object, got {_type_name(row)}"
+    msg_key, prompt_key = fmt.messages_key, fmt.prompt_key
+    # A row needs a prompt: a chat list under messages_key or a text under prompt_key. Which
+    # one is not forced by prompt_type: Trinity-RFT tasksets commonly keep the default
+    # prompt_type with a plaintext prompt_key, and workflows read the raw row themselves.
+    if msg_key and row.get(msg_key) is not None:
+        problem = check_messages(row[msg_key], msg_key)
+        if problem:
+            return problem
+    elif prompt_key not in row:
+        return f"missing prompt key {prompt_key!r} (row keys: {', '.join(sorted(map(str, row))) or 'none'})"
+    else:
+        prompt = row[prompt_key]
+        if not isinstance(prompt, str):
+            return f"prompt {prompt_key!r} must be a string, got {_type_name(prompt)}"
+        if not prompt.strip():
+            return f"prompt {prompt_key!r} is empty"
+    response = row.get(fmt.response_key)
+    if response is not None and (
+        isinstance(response, (dict, list)) or not isinstance(response, (str, int, float))
+    ):
+        return f"response {fmt.response_key!r} must be a string or number, got {_type_name(response)}"
+    if fmt.system_prompt_key and row.get(fmt.system_prompt_key) is not None:
+        if not isinstance(row[fmt.system_prompt_key], str):
+            return f"system prompt {fmt.system_prompt_key!r} must be a string, got {_type_name(row[fmt.system_prompt_key])}"
+    tools = row.get(fmt.tools_key) if fmt.tools_key else None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        return f"tools {fmt.tools_key!r} must be a list of objects, got {_type_name(tools)}"
+    return None
+
+
+class TasksetReader:
+    """Reads one taskset.
+
+    Args:
+        config: the taskset's :class:`~trinity.config.TasksetConfig`.
+        buffer_config: the ``buffer`` section, for defaults the taskset does not set
+            (``default_workflow_type``, ``default_reward_fn_type``, ``total_epochs``,
+            ``total_steps``, ``batch_size``). A resolved config already has them filled in.
+
+    The read position starts at ``config.index`` and is saved by :meth:`state_dict`.
+    Eval tasksets (``is_eval``) are read once, in file order.
+    """
+
+    def __init__(self, config: TasksetConfig, buffer_config: BufferConfig | None = None) -> None:
+        self.config = config
+        self.name = config.name or "taskset"
+        b = buffer_config
+        self.default_workflow = config.default_workflow_type or (b.default_workflow_type if b else None)
+        self.default_reward_fn = config.default_reward_fn_type or (b.default_reward_fn_type if b else None)
+        self.batch_size = config.batch_size or (b.batch_size if b else 1) or 1
+        self.total_steps = (
+            config.total_steps if config.total_steps is not None else (b.total_steps if b else None)
+        )
+        epochs = config.total_epochs or (b.total_epochs if b else 1) or 1
+        self.is_eval = bool(config.is_eval)
+        self.total_epochs = 1 if self.is_eval else epochs
+        if self.is_eval:
+            self.total_steps = None
+        self.skipped: Counter[str] = Counter()
+        self._components: dict[tuple[str, str], type | None] = {}
+        self._check_components()
+        self.rows = self._load()
+        selector = config.data_selector
+        kind = "sequential" if self.is_eval else selector.selector_type
+        self.selector = Selector(len(self.rows), kind, selector.seed)
+        self.position = int(config.index or 0)
+        self.steps = 0
+
+    # -- construction-time checks ----------------------------------------------------------
+
+    def _error(self, message: str) -> TasksetError:
+        return TasksetError(f"taskset {self.name!r}: {message}")
+
+    def _component(self, kind: str, name: str) -> type:
+        from trinity.plugins import get_component
+
+        key = (kind, name)
+        if key not in self._components:
+            self._components[key] = get_component(kind, name)
+        return self._components[key]  # type: ignore[return-value]
+
+    def _check_components(self) -> None:
+        from trinity.plugins import UnknownComponentError
+
+        fmt = self.config.format
+        if not self.default_workflow and not fmt.workflow_key:
+            raise self._error(
+                "no workflow: set default_workflow_type on the taskset or buffer.default_workflow_type"
+            )
+        for kind, name, key in (
+            ("workflow", self.default_workflow, "default_workflow_type"),
+            ("reward_fn", self.default_reward_fn, "default_reward_fn_type"),
+        ):
+            if not name:
+                continue
+            try:
+                self._component(kind, name)
+            except UnknownComponentError as exc:
+                raise self._error(f"{key}: {exc}") from None
+
+    def _load(self) -> list[tuple[RawRow, type, type | None]]:
+        cfg = self.config
+        try:
+            raw = load_rows(cfg.path, split=cfg.split, subset_name=cfg.subset_name)
+        except DatasetError as exc:
+            raise self._error(f"{exc}; check buffer.explorer_input tasksets path/split") from None
+        if not raw:
+            raise self._error(f"{cfg.path} holds no rows")
+        rows = []
+        for r in raw:
+            problem = r.error or _row_problem(r.value, cfg.format)
+            classes = None if problem else self._row_components(r.value)
+            if isinstance(classes, str):
+                problem, classes = classes, None
+            if problem:
+                self._skip(r, problem)
+                continue
+            rows.append((r, *classes))
+        if not rows:
+            reasons = "; ".join(f"{n}x {why}" for why, n in self.skipped.most_common(3))
+            raise self._error(f"none of the {len(raw)} rows of {cfg.path} is usable ({reasons})")
+        if self.skipped:
+            logger.warning(
+                "taskset %r: skipped %d of %d rows of %s (%s)",
+                self.name,
+                sum(self.skipped.values()),
+                len(raw),
+                cfg.path,
+                "; ".join(f"{n}x {why}" for why, n in self.skipped.most_common(5)),
+            )
+        return rows
+
+    def _row_components(self, row: dict) -> tuple[type, type | None] | str:
+        from trinity.plugins import UnknownComponentError
+
+        fmt = self.config.format
+        names = {}
+        for kind, key, default in (
+            ("workflow", fmt.workflow_key, self.default_workflow),
+            ("reward_fn", fmt.reward_fn_key, self.default_reward_fn),
+        ):
+            name = row.get(key) if key and row.get(key) is not None else default
+            if name is not None and not isinstance(name, str):
+                return f"{kind} name {key!r} must be a string, got {_type_name(name)}"
+            names[kind] = name
+        if not names["workflow"]:
+            return f"no workflow: column {fmt.workflow_key!r} is empty and there is no default_workflow_type"
+        try:
+            workflow = self._component("workflow", names["workflow"])
+            reward = self._component("reward_fn", names["reward_fn"]) if names["reward_fn"] else None
+        except UnknownComponentError as exc:
+            return (
+                str(exc).split(" Installed")[0].rstrip(".")
+                + f" (installed: {', '.join(exc.installed) or 'none'})"
+            )
+        return workflow, reward
+
+    def _skip(self, row: RawRow, why: str) -> None:
+        # Reasons are counted without their row-specific detail so metrics stay few.
+        self.skipped[why.split(" (")[0]] += 1
+        if sum(self.skipped.values()) <= _MAX_LOGGED_SKIPS:
+            logger.warning("taskset %r: skipping %s: %s", self.name, row.where, why)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def limit(self) -> int | None:
+        """Last position (exclusive) this reader hands out, ``None`` when bounded by steps."""
+        return None if self.total_steps is not None else self.total_epochs * len(self.rows)
+
+    @property
+    def epoch(self) -> int:
+        return self.position // len(self.rows)
+
+    def remaining(self) -> int | None:
+        """Tasks left before the end (``None``: unbounded, ``total_steps`` decides)."""
+        return None if self.limit is None else max(0, self.limit - self.position)
+
+    def take(self, count: int) -> list[Task]:
+        """The next ``count`` tasks or fewer at the end (no step accounting; see read_batch)."""
+        left = self.remaining()
+        if left is not None:
+            count = min(count, left)
+        indices = self.selector.indices(self.position, count)
+        self.position += count
+        return [self._task(i) for i in indices]
+
+    def read_batch(self, batch_size: int | None = None) -> list[Task]:
+        """The next batch (the last one may be short); :class:`BufferExhausted` at the end."""
+        if self.total_steps is not None and self.steps >= self.total_steps:
+            raise BufferExhausted(f"taskset {self.name!r}: total_steps ({self.total_steps}) reached")
+        tasks = self.take(batch_size or self.batch_size)
+        if not tasks:
+            raise BufferExhausted(f"taskset {self.name!r}: {self.total_epochs} epoch(s) done")
+        self.steps += 1
+        return tasks
+
+    def _task(self, index: int) -> Task:
+        from trinity.workflow import Task
+
+        raw, workflow, reward_fn = self.rows[index]
+        cfg = self.config
+        return Task(
+            workflow=workflow,
+            reward_fn=reward_fn,
+            raw_task=raw.value,
+            format_args=cfg.format,
+            rollout_args=cfg.rollout_args,
+            workflow_args=dict(cfg.workflow_args),
+            reward_fn_args=dict(cfg.reward_fn_args),
+            repeat_times=cfg.repeat_times or 1,
+            is_eval=self.is_eval,
+            taskset_name=self.name,
+            index=raw.row - 1,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"position", "steps"}``: enough to continue exactly where reading stopped."""
+        return {"position": self.position, "steps": self.steps}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a position saved by :meth:`state_dict`."""
+        self.position = int(state.get("position", 0))
+        self.steps = int(state.get("steps", 0))
+
+    def metrics(self) -> dict[str, float]:
+        """``buffer/<taskset>/rows``, ``.../skipped_rows``, ``.../epoch``, one
+        ``.../skipped/<reason>`` per reason."""
+        prefix = f"buffer/{self.name}"
+        out: dict[str, float] = {
+            f"{prefix}/rows": len(self.rows),
+            f"{prefix}/skipped_rows": sum(self.skipped.values()),
+            f"{prefix}/epoch": self.epoch,
+        }
+        for why, n in self.skipped.items():
+            out[f"{prefix}/skipped/{why}"] = n
+        return out
+
+
+class TasksetScheduler:
+    """Interleaves several training tasksets into one stream of batches, task by task.
+
+    Each batch takes tasks round-robin from the tasksets that still have tasks, so a batch mixes
+    tasksets evenly; a taskset that ends drops out and the others continue. ``total_steps``
+    (from the buffer config) bounds the number of batches.
+    """
+
+    def __init__(
+        self,
+        configs: Sequence[TasksetConfig],
+        buffer_config: BufferConfig | None = None,
+    ) -> None:
+        if not configs:
+            raise TasksetError("no tasksets: set buffer.explorer_input.tasksets")
+        names = [c.name for c in configs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise TasksetError(f"taskset names must be unique; repeated: {', '.join(dupes)}")
+        self.readers = [TasksetReader(c, buffer_config) for c in configs]
+        first = self.readers[0]
+        self.batch_size = first.batch_size
+        self.total_steps = first.total_steps
+        self.steps = 0
+        self._next = 0
+
+    def read_batch(self, batch_size: int | None = None) -> list[Task]:
+        """The next batch of tasks; :class:`BufferExhausted` when all tasksets are done."""
+        if self.total_steps is not None and self.steps >= self.total_steps:
+            raise BufferExhausted(f"total_steps ({self.total_steps}) reached")
+        want = batch_size or self.batch_size
+        tasks: list[Task] = []
+        active = [r for r in self.readers if r.remaining() != 0]
+        while len(tasks) < want and active:
+            reader = self.readers[self._next % len(self.readers)]
+            self._next += 1
+            if reader not in active:
+                continue
+            got = reader.take(1)
+            if got:
+                tasks.extend(got)
+            else:
+                active.remove(reader)
+            if reader.remaining() == 0 and reader in active:
+                active.remove(reader)
+        if not tasks:
+            raise BufferExhausted("every taskset is done")
+        self.steps += 1
+        return tasks
+
+    def state_dict(self) -> dict[str, Any]:
+        """Steps, round-robin pointer and each taskset's position, by name."""
+        return {
+            "steps": self.steps,
+            "next": self._next,
+            "tasksets": {r.name: r.state_dict() for r in self.readers},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; tasksets not in the state start from the beginning."""
+        self.steps = int(state.get("steps", 0))
+        self._next = int(state.get("next", 0))
+        saved = state.get("tasksets", {})
+        for r in self.readers:
+            if r.name in saved:
+                r.load_state_dict(saved[r.name])
+
+    def metrics(self) -> dict[str, float]:
+        """Every taskset's :meth:`TasksetReader.metrics`."""
+        out: dict[str, float] = {}
+        for r in self.readers:
+            out.update(r.metrics())
+        return out
