@@ -347,7 +347,8 @@ def stage_configs(config: Config) -> list[Config]:
                 f"stage name {stage_name!r} is used twice", key=f"stages[{i}].stage_name", file=config._file
             )
         seen.add(stage_name)
-        overrides = {k: v for k, v in stage.items() if k != "stage_name"}
+        # An explicit null in a stage means "inherit", like leaving the key out.
+        overrides = {k: v for k, v in stage.items() if k != "stage_name" and v is not None}
         stage_base = dict(base)
         stage_algo = overrides.get("algorithm") or {}
         if stage_algo.get("algorithm_type", base.get("algorithm", {}).get("algorithm_type")) != base.get(
