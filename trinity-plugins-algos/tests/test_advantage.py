@@ -269,7 +269,7 @@ def test_remax_missing_baseline_names_rows():
 
 
 def test_missing_key_message_names_the_fn():
-    with pytest.raises(KeyError, match="grpo.*group_ids"):
+    with pytest.raises(KeyError, match=r"grpo.*group_ids"):
         GRPOAdvantageFn()({"rewards": torch.ones(2), "action_mask": torch.ones(2, 2)})
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from trinity._lazy import lazy_import
 from trinity.algorithm import KLFn
 from trinity.algorithm.advantage import Batch
+from trinity.algorithm.kl import rewards_to_token_level
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +38,18 @@ class NoKLFn(KLFn):
         return torch.zeros((), dtype=logprob.dtype, device=logprob.device), {}
 
     def apply_kl_penalty_to_reward(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Leave the rewards as they are."""
+        """``token_level_rewards = token_level_scores``: the rewards, unpenalised.
+
+        Like the base class, scores default to ``token_level_rewards`` if present, else to the
+        scalar ``rewards`` on each row's last valid token; no log-probs are needed.
+        """
+        scores = batch.get("token_level_scores")
+        if scores is None:
+            scores = batch.get("token_level_rewards")
+        if scores is None:
+            scores = rewards_to_token_level(batch["rewards"], batch["action_mask"])
+        batch["token_level_scores"] = scores
+        batch["token_level_rewards"] = scores
         return batch, {}
 
 
