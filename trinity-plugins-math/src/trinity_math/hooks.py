@@ -1,4 +1,42 @@
 """Hook implementations of trinity-plugins-math (entry point `trinity` → `trinity_math.hooks`).
 
-Importing this module must stay light (no torch at import time): `trinity plugins` loads it.
+Importing this module must stay light (no torch, transformers or math-verify at import time):
+`trinity plugins` loads it. The reward and workflow modules import their heavy dependencies on
+first use.
 """
+
+from __future__ import annotations
+
+from trinity import hookimpl
+from trinity.hookspecs import Register
+from trinity_math import rewards, workflows
+
+WORKFLOWS = {
+    "simple_workflow": workflows.SimpleWorkflow,
+    "async_simple_workflow": workflows.AsyncSimpleWorkflow,
+    "math_workflow": workflows.MathWorkflow,
+    "async_math_workflow": workflows.AsyncMathWorkflow,
+    "math_boxed_workflow": workflows.MathBoxedWorkflow,
+}
+
+REWARD_FNS = {
+    "math_reward": rewards.MathRewardFn,
+    "math_boxed_reward": rewards.MathBoxedRewardFn,
+    "countdown_reward": rewards.CountdownRewardFn,
+    "accuracy_reward": rewards.AccuracyReward,
+    "format_reward": rewards.FormatReward,
+}
+
+
+@hookimpl
+def register_workflows(register: Register) -> None:
+    """Register the math workflows."""
+    for name, cls in WORKFLOWS.items():
+        register(name, cls)
+
+
+@hookimpl
+def register_reward_fns(register: Register) -> None:
+    """Register the math and countdown reward functions."""
+    for name, cls in REWARD_FNS.items():
+        register(name, cls)
