@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _DEFAULT_BUSY_TIMEOUT_MS = 60_000
-_TEXT_LIMIT = 1_000_000  # keep pathological texts from bloating the queryable columns
+_TEXT_LIMIT = 1_000_000
+_INIT_LOCK = threading.Lock()  # keep pathological texts from bloating the queryable columns
 
 
 def table_name_for(name: str | None) -> str:
@@ -168,28 +170,53 @@ class SQLStorage:
         state = dict(self.__dict__)
         state["_engine"] = None
         state["_pid"] = None
+        state.pop("_tables", None)
         return state
 
     @property
     def engine(self) -> sa.Engine:
         """The engine for this process (created, and the tables with it, on first use)."""
         if self._engine is None or self._pid != os.getpid():
-            import sqlalchemy as sa
+            with _INIT_LOCK:
+                if self._engine is None or self._pid != os.getpid():
+                    self._connect()
+        return self._engine  # type: ignore[return-value]
 
-            self._engine = create_sql_engine(self.url)
-            self._pid = os.getpid()
-            self._metadata = sa.MetaData()
-            self.table, self.blobs, self.writers = _define_tables(self._metadata, self.table_name)
-            # checkfirst=True + several processes creating at once: the loser sees "already exists".
-            for attempt in range(5):
-                try:
-                    self._metadata.create_all(self._engine, checkfirst=True)
-                    break
-                except sa.exc.OperationalError as exc:
-                    if "already exists" not in str(exc) or attempt == 4:
-                        raise
-                    time.sleep(0.05 * (attempt + 1))
-        return self._engine
+    def _connect(self) -> None:
+        import sqlalchemy as sa
+
+        engine = create_sql_engine(self.url)
+        metadata = sa.MetaData()
+        self._tables = _define_tables(metadata, self.table_name)
+        # Under BEGIN IMMEDIATE, concurrent creators serialise; "already exists" can still come
+        # from a creator on another engine that won the race, so retry the check.
+        for attempt in range(5):
+            try:
+                metadata.create_all(engine, checkfirst=True)
+                break
+            except sa.exc.OperationalError as exc:
+                if "already exists" not in str(exc) or attempt == 4:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        self._engine, self._pid = engine, os.getpid()
+
+    @property
+    def table(self) -> sa.Table:
+        """The experience table (queryable columns)."""
+        self.engine  # noqa: B018 - connects and defines the tables
+        return self._tables[0]
+
+    @property
+    def blobs(self) -> sa.Table:
+        """``<table>_blobs``: id -> serialised experience."""
+        self.engine  # noqa: B018
+        return self._tables[1]
+
+    @property
+    def writers(self) -> sa.Table:
+        """``<table>_writers``: registered writers and whether they finished."""
+        self.engine  # noqa: B018
+        return self._tables[2]
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -1,0 +1,70 @@
+"""Helper process for the SQL buffer tests (run as a script, not collected by pytest).
+
+    python sql_worker.py write URL WRITER_ID COUNT BATCH [DELAY]   # writes COUNT experiences
+    python sql_worker.py read URL OUT_FILE BATCH                   # reads until exhausted
+    python sql_worker.py read-n URL OUT_FILE N BATCH               # reads N experiences, then exits
+
+Each experience's ``eid`` is ``(batch=writer, task=sequence number)``; readers append the uids
+they read to OUT_FILE, one per line, flushing after every batch.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from trinity.buffer.base import BufferExhausted
+from trinity.buffer.sql import SQLReader, SQLStorage, SQLWriter
+from trinity.experience import EID, Experience
+
+
+def make(writer: str, i: int, tokens: int = 16) -> Experience:
+    return Experience(
+        tokens=torch.arange(tokens),
+        prompt_length=tokens // 2,
+        reward=float(i % 7),
+        eid=EID(batch=writer, task=i),
+        prompt_text=f"prompt {writer}/{i}",
+        response_text=f"response {writer}/{i}",
+    )
+
+
+def main(argv: list[str]) -> None:
+    mode, url = argv[0], argv[1]
+    storage = SQLStorage(url, "exp")
+    if mode == "write":
+        writer_id, count, batch = argv[2], int(argv[3]), int(argv[4])
+        delay = float(argv[5]) if len(argv) > 5 else 0.0
+        writer = SQLWriter(storage)
+        i = 0
+        while count < 0 or i < count:
+            n = batch if count < 0 else min(batch, count - i)
+            writer.write([make(writer_id, i + k) for k in range(n)])
+            i += n
+            if delay:
+                time.sleep(delay)
+        writer.finish()
+    elif mode in ("read", "read-n"):
+        out = argv[2]
+        limit = int(argv[3]) if mode == "read-n" else None
+        batch = int(argv[-1])
+        reader = SQLReader(storage, max_read_timeout=60)
+        done = 0
+        with open(out, "a") as fh:
+            while limit is None or done < limit:
+                want = batch if limit is None else min(batch, limit - done)
+                try:
+                    got = reader.read(want)
+                except BufferExhausted:
+                    break
+                fh.write("".join(e.eid.uid + "\n" for e in got))
+                fh.flush()
+                done += len(got)
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
