@@ -1,0 +1,151 @@
+"""Turn a list of :class:`~trinity.experience.Experience` into padded training tensors.
+
+The layout is veRL's: prompts are **left**-padded to the longest prompt ``P`` and responses
+**right**-padded to the longest response ``T``, so every row's response starts at column ``P``
+and the per-token tensors ``(B, T)`` line up with ``input_ids[:, P:]``.
+
+DPO experiences (``chosen`` / ``rejected`` set) expand to two rows each, chosen first, so rows
+``2k`` and ``2k + 1`` form a pair (what the ``dpo`` policy loss expects).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trinity._lazy import lazy_import
+from trinity.experience import group_ids_of
+
+if TYPE_CHECKING:
+    import torch
+
+    from trinity.experience import Experience
+else:
+    torch = lazy_import("torch")
+
+# Keys whose values are tensors with a batch dimension (what micro-batching slices and moves).
+ROW_TENSOR_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "response_mask",
+    "action_mask",
+    "rollout_logprobs",
+    "rewards",
+    "token_level_rewards",
+    "group_ids",
+    "expert_mask",
+    "model_versions",
+)
+
+
+def _rows(experiences: list[Experience]) -> list[tuple[Experience, torch.Tensor, torch.Tensor]]:
+    """``(experience, prompt ids, response ids)`` per training row (two per DPO experience)."""
+    rows = []
+    for exp in experiences:
+        prompt = exp.tokens[: exp.prompt_length]
+        if exp.chosen is not None or exp.rejected is not None:
+            if exp.chosen is None or exp.rejected is None:
+                raise ValueError(
+                    f"experience {exp.eid.uid}: a DPO experience needs both chosen and rejected responses"
+                )
+            rows.append((exp, prompt, exp.chosen))
+            rows.append((exp, prompt, exp.rejected))
+        else:
+            rows.append((exp, prompt, exp.tokens[exp.prompt_length :]))
+    return rows
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counting only real tokens (0 at each row's first real token; pads get 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> dict[str, Any]:
+    """Padded tensors for ``experiences`` (see the module docstring for the layout).
+
+    Returns a dict with ``input_ids (B, P+T)``, ``attention_mask``, ``position_ids``,
+    ``response_mask (B, T)`` (real response tokens), ``action_mask (B, T)`` (the experience's
+    ``action_mask`` or the response mask), ``rollout_logprobs (B, T)`` (zeros where the explorer
+    gave none), ``rewards (B,)``, ``token_level_rewards (B, T)`` (only when every experience has
+    one), ``group_ids (B,)``, ``expert_mask (B,)`` (from ``info["is_expert"]``),
+    ``model_versions (B,)``, ``info`` (one dict per row), ``prompt_length`` ``P`` and
+    ``response_length`` ``T`` (ints).
+    """
+    if not experiences:
+        raise ValueError("cannot build a training batch from an empty list of experiences")
+    rows = _rows(experiences)
+    is_dpo = len(rows) != len(experiences)
+    prompt_len = max(len(p) for _, p, _ in rows)
+    response_len = max(len(r) for _, _, r in rows)
+    if response_len == 0:
+        raise ValueError("every experience has an empty response; there is nothing to train on")
+    n = len(rows)
+    input_ids = torch.full((n, prompt_len + response_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, prompt_len + response_len), dtype=torch.long)
+    response_mask = torch.zeros((n, response_len), dtype=torch.float32)
+    action_mask = torch.zeros((n, response_len), dtype=torch.float32)
+    rollout_logprobs = torch.zeros((n, response_len), dtype=torch.float32)
+    has_token_rewards = all(e.token_level_reward is not None for e, _, _ in rows) and not is_dpo
+    token_level_rewards = torch.zeros((n, response_len), dtype=torch.float32) if has_token_rewards else None
+
+    for i, (exp, prompt, response) in enumerate(rows):
+        p, r = len(prompt), len(response)
+        input_ids[i, prompt_len - p : prompt_len] = prompt
+        input_ids[i, prompt_len : prompt_len + r] = response
+        attention_mask[i, prompt_len - p : prompt_len + r] = 1
+        response_mask[i, :r] = 1.0
+        # DPO rows always train on the whole response; the experience's masks cover `tokens`.
+        if exp.action_mask is not None and not is_dpo:
+            action_mask[i, :r] = exp.action_mask.to(torch.float32)
+        else:
+            action_mask[i, :r] = 1.0
+        if exp.logprobs is not None and not is_dpo:
+            rollout_logprobs[i, :r] = exp.logprobs.to(torch.float32)
+        if token_level_rewards is not None:
+            token_level_rewards[i, :r] = exp.token_level_reward.to(torch.float32)
+
+    row_exps = [e for e, _, _ in rows]
+    group_ids = group_ids_of(experiences)
+    if is_dpo:
+        group_ids = group_ids.repeat_interleave(2)
+    batch: dict[str, Any] = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+        "response_mask": response_mask,
+        "action_mask": action_mask,
+        "rollout_logprobs": rollout_logprobs,
+        "rewards": torch.tensor([float(e.reward or 0.0) for e in row_exps], dtype=torch.float32),
+        "group_ids": group_ids,
+        "expert_mask": torch.tensor([bool(e.info.get("is_expert", False)) for e in row_exps]),
+        "model_versions": torch.tensor([int(e.model_version) for e in row_exps], dtype=torch.long),
+        "info": [dict(e.info) for e in row_exps],
+        "prompt_length": prompt_len,
+        "response_length": response_len,
+    }
+    if token_level_rewards is not None:
+        batch["token_level_rewards"] = token_level_rewards
+    return batch
+
+
+def select_rows(batch: dict[str, Any], index: torch.Tensor | list[int]) -> dict[str, Any]:
+    """The rows ``index`` of ``batch`` (tensors with a batch dimension, and ``info``)."""
+    index = torch.as_tensor(index, dtype=torch.long)
+    n = len(batch["info"])
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
+            out[key] = value[index.to(value.device)]
+        elif key == "info":
+            out[key] = [value[i] for i in index.tolist()]
+        else:
+            out[key] = value
+    return out
+
+
+def to_device(batch: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+    """``batch`` with every tensor moved to ``device`` (other values unchanged)."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+__all__ = ["ROW_TENSOR_KEYS", "build_batch", "position_ids_from_mask", "select_rows", "to_device"]

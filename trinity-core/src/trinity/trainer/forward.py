@@ -1,0 +1,88 @@
+"""Forward passes of the native trainer: per-token log-probabilities, entropy and values.
+
+Only the response positions matter: the logits at column ``P - 1 + j`` predict response token
+``j``. Because responses are right-padded, those are the last ``T + 1`` columns minus the very
+last one, so the language-model head runs on ``T + 1`` positions only (``logits_to_keep``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trinity._lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
+
+
+def response_logits(model: Any, batch: dict[str, Any], temperature: float = 1.0) -> torch.Tensor:
+    """Logits ``(B, T, V)`` (float32) predicting each response token."""
+    width = batch["response_mask"].shape[-1]
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        use_cache=False,
+        logits_to_keep=width + 1,
+    )
+    logits = out.logits[:, :-1, :].float()
+    if temperature != 1.0:
+        # The explorer sampled from softmax(logits / temperature); score the same distribution.
+        logits = logits / temperature
+    return logits
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``log p(label)`` per position; cross-entropy's fused kernel avoids a (B, T, V) log-softmax."""
+    flat = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none"
+    )
+    return -flat.view(labels.shape)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of ``softmax(logits)`` per position: ``logsumexp(l) - sum(p * l)``."""
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def forward_logprobs(
+    model: Any,
+    batch: dict[str, Any],
+    *,
+    temperature: float = 1.0,
+    entropy: str = "none",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(logprob (B, T), entropy (B, T) or None)`` of the response tokens.
+
+    ``entropy``: ``"none"``, ``"detached"`` (for metrics only) or ``"grad"`` (for an entropy loss).
+    Padding positions hold values too; callers mask them.
+    """
+    logits = response_logits(model, batch, temperature)
+    p = batch["prompt_length"]
+    labels = batch["input_ids"][:, p:]
+    logprob = logprobs_from_logits(logits, labels)
+    ent = None
+    if entropy == "grad":
+        ent = entropy_from_logits(logits)
+    elif entropy == "detached":
+        with torch.no_grad():
+            ent = entropy_from_logits(logits.detach())
+    return logprob, ent
+
+
+def forward_values(critic: Any, batch: dict[str, Any]) -> torch.Tensor:
+    """Critic values ``(B, T)``: the value of the state *before* each response token (veRL)."""
+    width = batch["response_mask"].shape[-1]
+    out = critic(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        use_cache=False,
+    )
+    return out.logits[:, -width - 1 : -1, 0].float()
+
+
+__all__ = ["entropy_from_logits", "forward_logprobs", "forward_values", "logprobs_from_logits", "response_logits"]

@@ -1,0 +1,76 @@
+"""Batch statistics logged by the trainer, with Trinity-RFT / veRL metric names."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from trinity._lazy import lazy_import
+from trinity.algorithm import masked_mean
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    values = values.float()
+    if values.numel() == 0:
+        return {}
+    return {
+        f"{prefix}/mean": float(values.mean()),
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/min": float(values.min()),
+    }
+
+
+def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    valid = values[mask.bool()]
+    if valid.numel() == 0:
+        return {}
+    return {
+        f"{prefix}/mean": float(masked_mean(values.float(), mask)),
+        f"{prefix}/max": float(valid.max()),
+        f"{prefix}/min": float(valid.min()),
+    }
+
+
+def data_metrics(batch: dict[str, Any], max_response_length: int | None = None) -> dict[str, float]:
+    """``critic/score``, ``critic/rewards``, ``critic/advantages``, ``critic/returns``,
+    ``critic/values`` (mean/max/min), ``response_length/*`` and ``prompt_length/*``."""
+    mask = batch["action_mask"]
+    out = _stats("critic/score", batch["rewards"])
+    if "token_level_rewards" in batch:
+        out.update(_stats("critic/rewards", (batch["token_level_rewards"] * mask).sum(-1)))
+    else:
+        out.update(_stats("critic/rewards", batch["rewards"]))
+    for key, name in (("advantages", "critic/advantages"), ("returns", "critic/returns"), ("values", "critic/values")):
+        if key in batch:
+            out.update(_masked_stats(name, batch[key], mask))
+    response_length = batch["response_mask"].sum(-1)
+    out.update(_stats("response_length", response_length))
+    if max_response_length:
+        out["response_length/clip_ratio"] = float((response_length >= max_response_length).float().mean())
+    prompt_length = batch["attention_mask"].sum(-1) - response_length
+    out.update(_stats("prompt_length", prompt_length))
+    return out
+
+
+class MetricAccumulator:
+    """Weighted means of per-micro-batch metrics (weights = the micro-batch loss weights)."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, float] = defaultdict(float)
+        self._weights: dict[str, float] = defaultdict(float)
+
+    def add(self, metrics: dict[str, float], weight: float, prefix: str = "") -> None:
+        for key, value in metrics.items():
+            self._sums[prefix + key] += float(value) * weight
+            self._weights[prefix + key] += weight
+
+    def result(self) -> dict[str, float]:
+        return {k: self._sums[k] / w if w else 0.0 for k, w in self._weights.items()}
+
+
+__all__ = ["MetricAccumulator", "data_metrics"]

@@ -1,0 +1,387 @@
+"""The native trainer (``trainer.trainer_type: native``): plain PyTorch on CPU or one GPU.
+
+One :meth:`NativeTrainer.train_step` does what veRL's PPO trainer does per step, with the
+algorithm's components taken from the plugin registry:
+
+1. build padded tensors from the experiences (:mod:`trinity.trainer.batch`);
+2. reference log-probs (frozen reference model) and critic values, without gradients;
+3. KL penalty on the rewards (``kl_penalty_fn``), then the advantage (``advantage_fn``, when the
+   algorithm type ``use_advantage``);
+4. critic update (``use_critic``), then ``ppo_epochs`` actor updates, each one optimizer step
+   accumulated over micro-batches: ``loss = policy_loss + kl_loss - entropy_loss``.
+
+``old_logprob`` is the rollout's own log-probs with ``trainer.use_rollout_logprobs``. Otherwise
+it is recomputed: in a separate pass when the KL penalty needs it before the advantage, else
+taken (detached) from the first epoch's forward pass, which runs on the same, not yet updated
+weights and so gives the same numbers without a second forward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from trinity._lazy import lazy_import
+from trinity.trainer import checkpoint as ckpt
+from trinity.trainer.batch import build_batch, to_device
+from trinity.trainer.critic import load_critic, value_loss
+from trinity.trainer.forward import forward_logprobs, forward_values
+from trinity.trainer.metrics import MetricAccumulator, data_metrics
+from trinity.trainer.micro_batch import make_micro_batches, micro_batch, micro_batch_weights
+from trinity.trainer.schedule import build_scheduler
+
+if TYPE_CHECKING:
+    import torch
+
+    from trinity.config import Config
+    from trinity.experience import Experience
+else:
+    torch = lazy_import("torch")
+
+logger = logging.getLogger(__name__)
+
+_OFF = (None, "none")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """Compute dtype: ``auto`` is bfloat16 on a GPU that supports it, float32 elsewhere."""
+    if name == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+class NativeTrainer:
+    """Trains ``config.model.model_path`` with ``config.algorithm`` (see the module docstring).
+
+    Args:
+        config: a resolved :class:`~trinity.config.Config` (``load_config`` resolves).
+        device: torch device; default CUDA when available, else CPU.
+        total_steps: number of training steps, for warm-up ratios and the cosine schedule;
+            default ``trainer.total_steps``, then ``buffer.total_steps``.
+    """
+
+    def __init__(self, config: Config, *, device: str | None = None, total_steps: int | None = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from trinity.plugins import get_component
+
+        self.config = config
+        t, algo = config.trainer, config.algorithm
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.compute_dtype = resolve_dtype(t.dtype, self.device)
+        self.total_steps = total_steps or t.total_steps or getattr(config.buffer, "total_steps", None)
+        torch.manual_seed(t.seed)
+        self.algorithm_type = get_component("algorithm_type", algo.algorithm_type)
+        self.loss_agg_mode = algo.loss_agg_mode or "token-mean"
+        self.policy_loss_fn = self._component("policy_loss_fn", "policy_loss_fn", required=True)
+        self.advantage_fn = self._component("advantage_fn", "advantage_fn")
+        self.kl_penalty_fn = self._component("kl_penalty_fn", "kl_fn")
+        self.kl_loss_fn = self._component("kl_loss_fn", "kl_fn")
+        self.entropy_loss_fn = self._component("entropy_loss_fn", "entropy_loss_fn")
+        if getattr(self.entropy_loss_fn, "entropy_coef", None) == 0:
+            # A zero-weighted bonus adds nothing but a backward pass through the softmax.
+            self.entropy_loss_fn = None
+        if self.algorithm_type.use_advantage and self.advantage_fn is None:
+            raise ValueError(
+                f"algorithm type {algo.algorithm_type!r} uses an advantage but algorithm.advantage_fn is not set"
+            )
+        # DPO losses average over pairs: weight micro-batches by rows and never split a pair.
+        self.pairs = self.algorithm_type.schema == "dpo"
+        needs_ref = "ref_logprob" in self.policy_loss_fn.required_tensors()
+        self.use_ref = self.algorithm_type.use_reference and (
+            needs_ref or self.kl_loss_fn is not None or self.kl_penalty_fn is not None
+        )
+
+        model_path, trust = config.model.model_path, config.model.trust_remote_code
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust)
+        self.pad_token_id = self.tokenizer.pad_token_id or 0
+        # Parameters stay float32 (the optimizer's master copy); bf16 comes from autocast.
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, trust_remote_code=trust)
+        self.model.to(self.device).train()
+        self.model.config.use_cache = False
+        if t.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.ref_model = None
+        if self.use_ref:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(
+                model_path, dtype=self.compute_dtype, trust_remote_code=trust
+            )
+            self.ref_model.to(self.device).eval().requires_grad_(False)
+        self.critic = self.critic_optimizer = self.critic_scheduler = None
+        if self.algorithm_type.use_critic:
+            self.critic = load_critic(config.model.critic_model_path or model_path, trust_remote_code=trust)
+            self.critic.to(self.device).train()
+            self.critic_optimizer = self._optimizer(self.critic)
+            self.critic_scheduler = build_scheduler(self.critic_optimizer, algo.optimizer, self.total_steps)
+        self.optimizer = self._optimizer(self.model)
+        self.scheduler = build_scheduler(self.optimizer, algo.optimizer, self.total_steps)
+        opt = algo.optimizer
+        # trainer.grad_clip is the documented key; an explicitly set optimizer.clip_grad wins.
+        self.grad_clip = opt.clip_grad if "clip_grad" in opt.model_fields_set else t.grad_clip
+        self.global_step = 0
+
+    # -- construction helpers -------------------------------------------------------------------
+
+    def _component(self, key: str, kind: str, required: bool = False) -> Any:
+        from trinity.plugins import get_component
+
+        algo = self.config.algorithm
+        name = getattr(algo, key)
+        if name in _OFF:
+            if required:
+                raise ValueError(f"algorithm.{key} is not set; the native trainer needs one")
+            return None
+        cls = get_component(kind, name)
+        args = dict(getattr(algo, f"{key}_args") or {})
+        try:
+            return cls(**args)
+        except TypeError as exc:
+            raise ValueError(f"algorithm.{key}_args do not fit {kind} {name!r}: {exc}") from None
+
+    def _optimizer(self, model: Any) -> torch.optim.Optimizer:
+        opt = self.config.algorithm.optimizer
+        params = [p for p in model.parameters() if p.requires_grad]
+        if opt.optimizer_type == "sgd":
+            return torch.optim.SGD(params, lr=opt.lr, weight_decay=opt.weight_decay)
+        if opt.optimizer_type not in ("adam", "adamw"):
+            raise ValueError(f"algorithm.optimizer.optimizer_type {opt.optimizer_type!r}: use 'adam' or 'sgd'")
+        # The fused kernel is faster on GPU and unavailable on some CPU builds.
+        fused = self.device.type == "cuda"
+        return torch.optim.AdamW(
+            params, lr=opt.lr, betas=tuple(opt.betas), weight_decay=opt.weight_decay, fused=fused
+        )
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
+    def _micro_batches(self, batch: dict[str, Any]) -> list[list[int]]:
+        t = self.config.trainer
+        return make_micro_batches(
+            batch,
+            micro_batch_size=t.ppo_micro_batch_size_per_gpu,
+            max_token_len=t.max_token_len_per_gpu,
+            use_dynamic_bsz=t.use_dynamic_bsz,
+            pair_rows=self.pairs,
+        )
+
+    @torch.no_grad()
+    def _infer(self, model: Any, batch: dict[str, Any], groups: list[list[int]], values: bool = False) -> torch.Tensor:
+        out = torch.zeros_like(batch["action_mask"], dtype=torch.float32)
+        temperature = self.config.model.temperature
+        for rows in groups:
+            mb = micro_batch(batch, rows)
+            with self._autocast():
+                result = forward_values(model, mb) if values else forward_logprobs(model, mb, temperature=temperature)[0]
+            out[torch.as_tensor(rows, device=out.device)] = result.float()
+        return out
+
+    # -- one training step ----------------------------------------------------------------------
+
+    def train_step(self, experiences: list[Experience]) -> dict[str, float]:
+        """Train on one batch of experiences; returns metrics with Trinity-RFT names."""
+        start = time.perf_counter()
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        batch = to_device(build_batch(experiences, self.pad_token_id), self.device)
+        groups = self._micro_batches(batch)
+        was_training = self.model.training
+        self.model.eval()
+        if self.ref_model is not None:
+            tick = time.perf_counter()
+            batch["ref_logprob"] = self._infer(self.ref_model, batch, groups)
+            timing["timing/ref"] = time.perf_counter() - tick
+        if self.critic is not None:
+            tick = time.perf_counter()
+            self.critic.eval()
+            batch["values"] = self._infer(self.critic, batch, groups, values=True)
+            self.critic.train()
+            timing["timing/values"] = time.perf_counter() - tick
+        if self.config.trainer.use_rollout_logprobs:
+            batch["old_logprob"] = batch["rollout_logprobs"]
+        elif self.kl_penalty_fn is not None:
+            tick = time.perf_counter()
+            batch["old_logprob"] = self._infer(self.model, batch, groups)
+            timing["timing/old_log_prob"] = time.perf_counter() - tick
+        self.model.train(was_training)
+
+        tick = time.perf_counter()
+        if self.kl_penalty_fn is not None:
+            batch, kl_metrics = self.kl_penalty_fn.apply_kl_penalty_to_reward(batch)
+            metrics["actor/reward_kl_penalty"] = kl_metrics.get("kl", 0.0)
+            metrics["actor/reward_kl_penalty_coeff"] = kl_metrics.get("kl_coef", 0.0)
+        if self.algorithm_type.use_advantage:
+            batch, adv_metrics = self.advantage_fn(batch)
+            metrics.update({f"advantage/{k}": v for k, v in adv_metrics.items()})
+        timing["timing/adv"] = time.perf_counter() - tick
+
+        if self.critic is not None:
+            tick = time.perf_counter()
+            metrics.update(self._update_critic(batch, groups))
+            timing["timing/update_critic"] = time.perf_counter() - tick
+        if self.global_step >= self.config.trainer.critic_warmup:
+            tick = time.perf_counter()
+            metrics.update(self._update_actor(batch, groups))
+            timing["timing/update_actor"] = time.perf_counter() - tick
+        self.global_step += 1
+
+        metrics.update(data_metrics(batch, self.config.model.max_response_tokens))
+        timing["timing/step"] = time.perf_counter() - start
+        metrics.update(timing)
+        n_tokens = float(batch["attention_mask"].sum())
+        metrics["perf/total_num_tokens"] = n_tokens
+        metrics["perf/throughput"] = n_tokens / max(timing["timing/step"], 1e-9)
+        metrics["training/global_step"] = float(self.global_step)
+        return metrics
+
+    def _loss_weights(self, batch: dict[str, Any], groups: list[list[int]]) -> list[float]:
+        mode = "rows" if self.pairs else getattr(self.policy_loss_fn, "loss_agg_mode", self.loss_agg_mode)
+        return micro_batch_weights(batch["action_mask"], groups, mode)
+
+    def _update_actor(self, batch: dict[str, Any], groups: list[list[int]]) -> dict[str, float]:
+        acc = MetricAccumulator()
+        weights = self._loss_weights(batch, groups)
+        temperature = self.config.model.temperature
+        entropy_mode = "grad" if self.entropy_loss_fn is not None else "detached"
+        fill_old = "old_logprob" not in batch
+        if fill_old:
+            batch["old_logprob"] = torch.zeros_like(batch["action_mask"])
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        lr = self.optimizer.param_groups[0]["lr"]
+        for epoch in range(self.config.trainer.ppo_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for rows, weight in zip(groups, weights):
+                mb = micro_batch(batch, rows)
+                with self._autocast():
+                    logprob, entropy = forward_logprobs(self.model, mb, temperature=temperature, entropy=entropy_mode)
+                if fill_old and epoch == 0:
+                    mb["old_logprob"] = logprob.detach()
+                    batch["old_logprob"][torch.as_tensor(rows, device=self.device)] = logprob.detach()
+                loss, step_metrics = self._actor_loss(logprob, entropy, mb)
+                (loss * weight).backward()
+                acc.add(step_metrics, weight)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+            if torch.isfinite(grad_norm):
+                self.optimizer.step()
+            else:
+                # veRL's rule: a non-finite gradient skips the update instead of corrupting weights.
+                logger.warning("step %d: gradient norm is %s, skipping the update", self.global_step, grad_norm)
+                self.optimizer.zero_grad(set_to_none=True)
+            acc.add({"actor/grad_norm": float(grad_norm)}, 1.0)
+        self.scheduler.step()
+        out = acc.result()
+        out["actor/lr"] = lr
+        return out
+
+    def _actor_loss(
+        self, logprob: torch.Tensor, entropy: torch.Tensor, mb: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = mb["action_mask"]
+        tensors = {k: v for k, v in mb.items() if isinstance(v, torch.Tensor) and k not in ("input_ids",)}
+        tensors["entropy"] = entropy
+        tensors["info"] = mb["info"]
+        loss, pm = self.policy_loss_fn(logprob, **tensors)
+        out = {f"actor/{k}": v for k, v in pm.items()}
+        total = loss
+        if self.kl_loss_fn is not None and "ref_logprob" in mb:
+            kl_loss, km = self.kl_loss_fn.calculate_kl_loss(logprob, mb["ref_logprob"], mask, self.loss_agg_mode)
+            total = total + kl_loss
+            out.update({f"actor/{k}": v for k, v in km.items()})
+        if self.entropy_loss_fn is not None:
+            ent_loss, em = self.entropy_loss_fn(entropy, mask, loss_agg_mode=self.loss_agg_mode)
+            total = total - ent_loss
+            out.update({f"actor/{k}": v for k, v in em.items()})
+        from trinity.algorithm import masked_mean
+
+        out["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
+        out["actor/loss"] = float(total.detach())
+        return total, out
+
+    def _update_critic(self, batch: dict[str, Any], groups: list[list[int]]) -> dict[str, float]:
+        acc = MetricAccumulator()
+        weights = micro_batch_weights(batch["action_mask"], groups, self.loss_agg_mode)
+        params = [p for p in self.critic.parameters() if p.requires_grad]
+        lr = self.critic_optimizer.param_groups[0]["lr"]
+        for _ in range(self.config.trainer.ppo_epochs):
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            for rows, weight in zip(groups, weights):
+                mb = micro_batch(batch, rows)
+                with self._autocast():
+                    values = forward_values(self.critic, mb)
+                loss, vm = value_loss(
+                    values, mb["values"], mb["returns"], mb["action_mask"], loss_agg_mode=self.loss_agg_mode
+                )
+                (loss * weight).backward()
+                acc.add({f"critic/{k}": v for k, v in vm.items()}, weight)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+            if torch.isfinite(grad_norm):
+                self.critic_optimizer.step()
+            acc.add({"critic/grad_norm": float(grad_norm)}, 1.0)
+        self.critic_scheduler.step()
+        out = acc.result()
+        out["critic/lr"] = lr
+        return out
+
+    # -- weights and checkpoints ----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The actor's weights as detached CPU tensors (what weight sync sends to the explorer)."""
+        from trinity.sync.memory import pack_weights
+
+        return pack_weights(self.model)
+
+    def save_checkpoint(self, step: int | None = None, extra_state: dict[str, Any] | None = None) -> str:
+        """Save ``<job_dir>/global_step_<step>/`` (default: the current step); returns its path.
+
+        ``extra_state`` (sample strategy, buffer positions, ...) is stored with the trainer state
+        and returned by :meth:`load_checkpoint`.
+        """
+        step = self.global_step if step is None else step
+        t = self.config.trainer
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "trainer_step": self.global_step,
+            "extra": extra_state or {},
+        }
+        if self.critic is not None:
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+            state["critic_scheduler"] = self.critic_scheduler.state_dict()
+        keep = t.max_actor_ckpt_to_keep or t.max_checkpoints_to_keep
+        return ckpt.save_checkpoint(
+            self.config.job_dir, step, model=self.model, tokenizer=self.tokenizer,
+            state=state, critic=self.critic, max_to_keep=keep,
+        )
+
+    def load_checkpoint(self, path: str | None = None) -> dict[str, Any] | None:
+        """Restore weights, optimizer, scheduler, RNG and step from ``path`` (default: the latest
+        checkpoint of the job); returns the saved ``extra_state``, or ``None`` if there is none."""
+        import os
+
+        from transformers import AutoModelForCausalLM
+
+        if path is None:
+            found = ckpt.find_latest_checkpoint(self.config.job_dir)
+            if found is None:
+                return None
+            path = found[1]
+        state = ckpt.load_trainer_state(path)
+        # Load into the existing modules so the optimizer keeps pointing at the same parameters.
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.model.load_state_dict(loaded.state_dict())
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.critic is not None:
+            self.critic.load_state_dict(load_critic(os.path.join(path, ckpt.CRITIC_DIR)).state_dict())
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            self.critic_scheduler.load_state_dict(state["critic_scheduler"])
+        ckpt.set_rng_state(state["rng"])
+        self.global_step = int(state["trainer_step"])
+        return state.get("extra", {})
+
+
+__all__ = ["NativeTrainer", "resolve_dtype"]
