@@ -1,0 +1,325 @@
+"""The Explorer: reads tasks, runs workflows on the rollout engines, writes Experiences.
+
+A plain class (the launcher wraps it in a Ray actor). One explore step:
+
+1. read ``buffer.batch_size`` tasks from the training tasksets;
+2. run them on the runner pool (``explorer.runner_per_model`` runners per engine);
+3. stamp every Experience with its ``eid`` (batch = step, task = position in the batch,
+   run = repeat index) and the model version, write them to the experience buffer;
+4. return metrics (``rollout/...``, ``timing/...``).
+
+:meth:`Explorer.eval` runs the eval tasksets (``eval/<taskset>/...``), :meth:`Explorer.bench`
+evaluates saved checkpoints, :meth:`Explorer.sync_weights` loads new weights into every
+engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trinity.explorer.runner import RunnerPool, TaskResult, summarize_results
+
+if TYPE_CHECKING:
+    from trinity.buffer.base import BufferWriter
+    from trinity.config import Config
+    from trinity.experience import Experience
+    from trinity.explorer.engines.base import RolloutEngine
+    from trinity.workflow import Task
+
+logger = logging.getLogger(__name__)
+
+
+def _stats(prefix: str, values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {
+        f"{prefix}_mean": statistics.fmean(values),
+        f"{prefix}_std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+        f"{prefix}_max": max(values),
+        f"{prefix}_min": min(values),
+    }
+
+
+def rollout_metrics(
+    experiences: list[Experience], seconds: float, prefix: str = "rollout"
+) -> dict[str, float]:
+    """Reward and length statistics, throughput, and the mean of every workflow metric."""
+    rewards = [float(e.reward) for e in experiences if e.reward is not None]
+    out = {
+        f"{prefix}/num_experiences": float(len(experiences)),
+        **_stats(f"{prefix}/reward", rewards),
+        **_stats(f"{prefix}/response_length", [float(e.response_length) for e in experiences]),
+        **_stats(f"{prefix}/prompt_length", [float(e.prompt_length) for e in experiences]),
+    }
+    tokens = sum(e.response_length for e in experiences)
+    if seconds > 0:
+        out[f"{prefix}/tokens_per_second"] = tokens / seconds
+    per_name: dict[str, list[float]] = defaultdict(list)
+    for e in experiences:
+        for name, value in (e.metrics or {}).items():
+            per_name[name].append(float(value))
+    for name, values in per_name.items():
+        out.setdefault(f"{prefix}/{name}", statistics.fmean(values))
+    return out
+
+
+def accuracy_metrics(results: list[TaskResult], prefix: str) -> dict[str, float]:
+    """``<prefix>/accuracy`` (= mean@k), ``mean@k``, ``pass@k`` (best of k), ``worst@k``.
+
+    A rollout's accuracy is its ``metrics["accuracy"]`` when the workflow reports one, else its
+    reward; for 0/1 accuracies the best of k is pass@k. ``k`` is the tasks' ``repeat_times``.
+    """
+    per_task = []
+    k = 1
+    for r in results:
+        if not r.ok or not r.experiences:
+            per_task.append([0.0])  # a task that failed counts as unsolved
+            continue
+        k = max(k, r.task.repeat_times)
+        runs: dict[int, list[float]] = defaultdict(list)
+        for e in r.experiences:
+            runs[e.eid.run].append(float(e.metrics.get("accuracy", e.reward or 0.0)))
+        per_task.append([max(v) for v in runs.values()])  # multi-step runs: the best step
+    if not per_task:
+        return {}
+    mean_k = statistics.fmean(statistics.fmean(a) for a in per_task)
+    return {
+        f"{prefix}/accuracy": mean_k,
+        f"{prefix}/accuracy/mean@{k}": mean_k,
+        f"{prefix}/accuracy/pass@{k}": statistics.fmean(max(a) for a in per_task),
+        f"{prefix}/accuracy/worst@{k}": statistics.fmean(min(a) for a in per_task),
+    }
+
+
+class Explorer:
+    """Explores with the rollout engines of ``config``.
+
+    Args:
+        config: a resolved :class:`~trinity.config.Config`.
+        engines: rollout engines to use instead of creating them from
+            ``explorer.rollout_model`` (tests, or engines living in other actors).
+        auxiliary_engines: likewise for ``explorer.auxiliary_models``.
+        writer: experience writer instead of the one from ``buffer.trainer_input``.
+        taskset_reader: training task source (``read_batch()``) instead of the configured one.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        engines: list[RolloutEngine] | None = None,
+        auxiliary_engines: list[RolloutEngine] | None = None,
+        writer: BufferWriter | None = None,
+        taskset_reader: Any = None,
+    ) -> None:
+        from trinity.explorer.engines import create_engines
+        from trinity.explorer.model_wrapper import ModelWrapper
+
+        self.config = config
+        ex = config.explorer
+        self.engines = engines if engines is not None else create_engines(ex.rollout_model)
+        if auxiliary_engines is None:
+            auxiliary_engines = [e for aux in ex.auxiliary_models for e in create_engines(aux)]
+        self.auxiliary_engines = auxiliary_engines
+        history = ex.rollout_model.enable_history
+        self.models = [ModelWrapper(e, enable_history=history) for e in self.engines]
+        aux_names = [a.name or f"auxiliary_{i}" for i, a in enumerate(ex.auxiliary_models)]
+        self.auxiliary_models = [
+            ModelWrapper(e, name=aux_names[i] if i < len(aux_names) else f"auxiliary_{i}")
+            for i, e in enumerate(auxiliary_engines)
+        ]
+        self.pool = RunnerPool(
+            self.models,
+            auxiliary_models=self.auxiliary_models,
+            runner_per_model=ex.runner_per_model,
+            max_timeout=ex.max_timeout,
+            max_retry_times=ex.max_retry_times,
+            env_vars=ex.env_vars,
+        )
+        self._writer = writer
+        self._reader = taskset_reader
+        self.explore_step_num = 0
+        self.finished = False
+
+    # -- lazily built buffer ends (so eval/bench need no experience buffer) --------------
+
+    @property
+    def writer(self) -> BufferWriter:
+        if self._writer is None:
+            from trinity.buffer.factory import get_buffer_writer
+
+            buffer = self.config.buffer
+            self._writer = get_buffer_writer(
+                buffer.trainer_input.experience_buffer, cache_dir=buffer.cache_dir
+            )
+        return self._writer
+
+    @property
+    def taskset_reader(self) -> Any:
+        if self._reader is None:
+            from trinity.buffer.factory import get_taskset_reader
+
+            self._reader = get_taskset_reader(self.config.buffer.explorer_input.tasksets, self.config.buffer)
+        return self._reader
+
+    @property
+    def model_version(self) -> int:
+        return self.engines[0].model_version if self.engines else 0
+
+    # -- explore ---------------------------------------------------------------------------
+
+    def explore_step(self) -> dict[str, float] | None:
+        """Run one batch of training tasks; ``None`` (and the writer finished) when the
+        tasksets are exhausted."""
+        from trinity.buffer.base import BufferExhausted
+
+        if self.finished:
+            return None
+        start = time.monotonic()
+        try:
+            tasks = self.taskset_reader.read_batch(self.config.buffer.batch_size)
+        except BufferExhausted as exc:
+            logger.info("tasksets exhausted after step %d: %s", self.explore_step_num, exc)
+            self.finished = True
+            self.writer.finish()
+            return None
+        read_done = time.monotonic()
+        step = self.explore_step_num + 1
+        results = self.pool.run_tasks(tasks)
+        run_done = time.monotonic()
+        experiences = self._stamp(results, step)
+        if experiences:
+            self.writer.write(experiences)
+        end = time.monotonic()
+        self.explore_step_num = step
+        metrics = {
+            **rollout_metrics(experiences, run_done - read_done),
+            **summarize_results(results),
+            "rollout/num_tasks": float(len(tasks)),
+            "rollout/model_version": float(self.model_version),
+            "timing/read_tasks": read_done - start,
+            "timing/rollout": run_done - read_done,
+            "timing/write_experiences": end - run_done,
+            "timing/explore_step": end - start,
+        }
+        if hasattr(self.taskset_reader, "metrics"):
+            metrics.update(self.taskset_reader.metrics())
+        return metrics
+
+    def _stamp(self, results: list[TaskResult], step: int | str) -> list[Experience]:
+        version = self.model_version
+        out = []
+        for position, result in enumerate(results):
+            for exp in result.experiences:
+                exp.eid.batch = step
+                exp.eid.task = position
+                exp.model_version = version
+                exp.info.setdefault("taskset", result.task.taskset_name)
+                exp.info.setdefault("task_index", result.task.index)
+                out.append(exp)
+        return out
+
+    def need_eval(self) -> bool:
+        """Whether an eval is due after the current step (``eval_interval``, ``eval_on_startup``)."""
+        ex = self.config.explorer
+        if not self.config.buffer.explorer_input.eval_tasksets:
+            return False
+        if self.explore_step_num == 0:
+            return ex.eval_on_startup
+        return self.explore_step_num % ex.eval_interval == 0
+
+    def explore(self, max_steps: int | None = None) -> list[dict[str, float]]:
+        """The explore-mode loop: startup eval, steps with evals at ``eval_interval``,
+        until the tasksets end (or ``max_steps``). Returns each step's metrics."""
+        history = []
+        if self.need_eval():
+            history.append({"step": 0.0, **self.eval()})
+        while max_steps is None or self.explore_step_num < max_steps:
+            metrics = self.explore_step()
+            if metrics is None:
+                break
+            if self.need_eval():
+                metrics.update(self.eval())
+            history.append({"step": float(self.explore_step_num), **metrics})
+        return history
+
+    # -- eval / bench ----------------------------------------------------------------------
+
+    def eval(self) -> dict[str, float]:
+        """Run every eval taskset once; ``eval/<taskset>/...`` metrics. Nothing is written."""
+        from trinity.buffer.taskset import TasksetReader
+
+        metrics: dict[str, float] = {}
+        for cfg in self.config.buffer.explorer_input.eval_tasksets:
+            reader = TasksetReader(cfg, self.config.buffer)
+            tasks: list[Task] = reader.take(len(reader))
+            start = time.monotonic()
+            results = self.pool.run_tasks(tasks)
+            seconds = time.monotonic() - start
+            prefix = f"eval/{reader.name}"
+            experiences = self._stamp(results, f"eval_{self.explore_step_num}")
+            metrics.update(rollout_metrics(experiences, seconds, prefix))
+            metrics.update(accuracy_metrics(results, prefix))
+            metrics.update(summarize_results(results, prefix))
+            metrics[f"timing/eval/{reader.name}"] = seconds
+        return metrics
+
+    def bench(self, checkpoint_dir: str | Path | None = None) -> dict[int, dict[str, float]]:
+        """Evaluate every ``global_step_N`` checkpoint (only the latest with
+        ``explorer.bench_on_latest_checkpoint``): ``{N: eval metrics}``."""
+        root = Path(checkpoint_dir or self.config.checkpoint_job_dir or ".")
+        found = sorted(
+            (int(m.group(1)), p)
+            for p in root.glob("global_step_*")
+            if p.is_dir() and (m := re.fullmatch(r"global_step_(\d+)", p.name))
+        )
+        if not found:
+            raise FileNotFoundError(f"bench: no global_step_N checkpoint folders in {root}")
+        if self.config.explorer.bench_on_latest_checkpoint:
+            found = found[-1:]
+        out = {}
+        for step, path in found:
+            self.sync_weights(checkpoint_path=path / _hf_subdir(path), version=step)
+            out[step] = self.eval()
+            logger.info("bench step %d: %s", step, out[step])
+        return out
+
+    # -- weights ---------------------------------------------------------------------------
+
+    def sync_weights(
+        self,
+        state_dict: Mapping[str, Any] | None = None,
+        *,
+        checkpoint_path: str | Path | None = None,
+        version: int,
+    ) -> None:
+        """Load new weights into every rollout engine (from a state dict or a HF checkpoint)."""
+        if (state_dict is None) == (checkpoint_path is None):
+            raise ValueError("sync_weights needs exactly one of state_dict and checkpoint_path")
+        for engine in self.engines:
+            if state_dict is not None:
+                engine.update_weights(state_dict, version)
+            else:
+                engine.load_checkpoint(str(checkpoint_path), version)
+
+    def shutdown(self) -> None:
+        """Stop OpenAI servers and engines."""
+        for model in [*self.models, *self.auxiliary_models]:
+            model.close()
+        for engine in [*self.engines, *self.auxiliary_engines]:
+            engine.shutdown()
+
+
+def _hf_subdir(path: Path) -> str:
+    """Checkpoints keep HF weights at the top or in a ``huggingface``/``actor`` subfolder."""
+    for sub in ("", "huggingface", "actor/huggingface", "actor"):
+        if (path / sub / "config.json").is_file():
+            return sub
+    return ""

@@ -1,0 +1,188 @@
+"""The Explorer on the tiny model: steps, eids, metrics, eval, bench and weight sync."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from trinity import hookimpl
+from trinity.config import Config
+from trinity.experience import Experience
+from trinity.explorer.explorer import Explorer, accuracy_metrics
+from trinity.explorer.runner import TaskResult
+from trinity.testing.plugins import isolated_plugin_manager, registered_plugin
+from trinity.testing.tiny_model import create_tiny_model
+from trinity.workflow import Task, Workflow
+
+
+class LengthParity(Workflow):
+    """Chats once with n = repeat_times; reward 1 when the response length is even."""
+
+    can_repeat = True
+
+    def run(self):
+        messages = [{"role": "user", "content": self.task.task_desc}]
+        exps = self.model.chat(messages, n=self.repeat_times, max_tokens=6, seed=self.task.index)
+        for e in exps:
+            e.reward = float(e.response_length % 2 == 0)
+            e.metrics["parity"] = e.reward
+        return exps
+
+
+class Broken(Workflow):
+    def run(self):
+        raise ValueError("bad row")
+
+
+class _Plugin:
+    @hookimpl
+    def register_workflows(self, register):
+        register("length_parity", LengthParity)
+        register("broken", Broken)
+
+
+class ListWriter:
+    def __init__(self):
+        self.batches: list[list[Experience]] = []
+        self.finished = False
+
+    def write(self, experiences):
+        self.batches.append(list(experiences))
+
+    def finish(self):
+        self.finished = True
+
+
+@pytest.fixture
+def plugins():
+    with isolated_plugin_manager(), registered_plugin(_Plugin(), "explorer-test"):
+        yield
+
+
+def _config(tmp_path, model_path, *, workflow="length_parity", eval_interval=2, rows=5):
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{i}+1=", "response": str(i + 1)}) + "\n" for i in range(rows))
+    )
+    taskset = {"name": "train", "path": str(data), "repeat_times": 2, "default_workflow_type": workflow}
+    eval_set = {
+        "name": "dev",
+        "path": str(data),
+        "repeat_times": 3,
+        "default_workflow_type": workflow,
+        "is_eval": True,
+    }
+    return Config.model_validate(
+        {
+            "buffer": {
+                "batch_size": 2,
+                "explorer_input": {"tasksets": [taskset], "eval_tasksets": [eval_set]},
+            },
+            "explorer": {
+                "runner_per_model": 2,
+                "max_retry_times": 0,
+                "eval_interval": eval_interval,
+                "eval_on_startup": True,
+                "rollout_model": {
+                    "model_path": str(model_path),
+                    "engine_type": "transformers",
+                    "dtype": "float32",
+                },
+            },
+        }
+    )
+
+
+def test_explore_steps_write_stamped_experiences(tmp_path, tiny_model_path, engine, plugins):
+    writer = ListWriter()
+    explorer = Explorer(_config(tmp_path, tiny_model_path), engines=[engine], writer=writer)
+    metrics = explorer.explore_step()
+    batch = writer.batches[0]
+    assert len(batch) == 4  # 2 tasks x repeat_times 2
+    assert sorted((e.eid.batch, e.eid.task, e.eid.run) for e in batch) == [
+        (1, 0, 0),
+        (1, 0, 1),
+        (1, 1, 0),
+        (1, 1, 1),
+    ]
+    assert {e.model_version for e in batch} == {engine.model_version}
+    rewards = [e.reward for e in batch]
+    assert metrics["rollout/reward_mean"] == pytest.approx(sum(rewards) / 4)
+    assert metrics["rollout/reward_max"] == max(rewards) and metrics["rollout/reward_min"] == min(rewards)
+    assert metrics["rollout/response_length_mean"] == pytest.approx(sum(e.response_length for e in batch) / 4)
+    assert metrics["rollout/parity"] == pytest.approx(metrics["rollout/reward_mean"])
+    assert metrics["rollout/failed_tasks"] == 0.0
+    assert metrics["rollout/tokens_per_second"] > 0 and metrics["timing/explore_step"] > 0
+    assert batch[0].info["taskset"] == "train"
+
+
+def test_explore_loop_evals_and_finishes(tmp_path, tiny_model_path, engine, plugins):
+    writer = ListWriter()
+    explorer = Explorer(_config(tmp_path, tiny_model_path, eval_interval=2), engines=[engine], writer=writer)
+    history = explorer.explore()
+    # startup eval, then 3 steps (5 rows / batch 2), eval after step 2
+    assert [h["step"] for h in history] == [0.0, 1.0, 2.0, 3.0]
+    assert "eval/dev/accuracy" in history[0] and "eval/dev/accuracy" in history[2]
+    assert "eval/dev/accuracy" not in history[1] and "eval/dev/accuracy" not in history[3]
+    assert "eval/dev/accuracy/pass@3" in history[0]
+    assert history[0]["eval/dev/accuracy/pass@3"] >= history[0]["eval/dev/accuracy/mean@3"]
+    assert writer.finished
+    assert sum(len(b) for b in writer.batches) == 5 * 2  # eval experiences are not written
+    assert explorer.explore_step() is None
+
+
+def test_failing_workflow_is_counted_and_the_step_goes_on(tmp_path, tiny_model_path, engine, plugins):
+    writer = ListWriter()
+    explorer = Explorer(
+        _config(tmp_path, tiny_model_path, workflow="broken"), engines=[engine], writer=writer
+    )
+    metrics = explorer.explore_step()
+    assert metrics["rollout/failed_tasks"] == 2.0
+    assert writer.batches == []
+    assert explorer.explore_step_num == 1
+
+
+def test_accuracy_metrics_mean_pass_worst():
+    def result(accs, ok=True):
+        task = Task(repeat_times=len(accs))
+        exps = []
+        for run, acc in enumerate(accs):
+            e = Experience(tokens=torch.tensor([1, 2]), prompt_length=1, reward=acc)
+            e.eid.run = run
+            exps.append(e)
+        return TaskResult(task, exps if ok else [], error=None if ok else "x")
+
+    m = accuracy_metrics(
+        [result([1, 0, 0, 0]), result([1, 1, 1, 1]), result([0, 0, 0, 0], ok=False)], "eval/x"
+    )
+    assert m["eval/x/accuracy/mean@4"] == pytest.approx((0.25 + 1 + 0) / 3)
+    assert m["eval/x/accuracy/pass@4"] == pytest.approx(2 / 3)
+    assert m["eval/x/accuracy/worst@4"] == pytest.approx(1 / 3)
+    assert m["eval/x/accuracy"] == m["eval/x/accuracy/mean@4"]
+
+
+def test_sync_weights_and_bench(tmp_path, tiny_model_path, plugins):
+    from trinity.explorer.engines.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu")
+    explorer = Explorer(_config(tmp_path, tiny_model_path), engines=[engine], writer=ListWriter())
+    other = AutoModelForCausalLM.from_pretrained(create_tiny_model(tmp_path / "other", seed=3))
+    explorer.sync_weights(other.state_dict(), version=7)
+    assert explorer.model_version == 7
+    with pytest.raises(ValueError, match="exactly one"):
+        explorer.sync_weights(version=8)
+
+    ckpts = tmp_path / "ckpt"
+    for step, seed in [(10, 1), (20, 2)]:
+        create_tiny_model(ckpts / f"global_step_{step}" / "huggingface", seed=seed)
+    results = explorer.bench(ckpts)
+    assert sorted(results) == [10, 20]
+    assert explorer.model_version == 20
+    assert "eval/dev/accuracy" in results[10]
+    explorer.config.explorer.bench_on_latest_checkpoint = True
+    assert sorted(explorer.bench(ckpts)) == [20]
+    with pytest.raises(FileNotFoundError, match="global_step"):
+        explorer.bench(tmp_path / "nothing")
