@@ -175,7 +175,8 @@ def math_equal(answer: str, truth: str, timeout_seconds: float = 5) -> Verdict:
     Both are bare answers: the caller extracts them first (``<answer>`` content, the last
     ``\\boxed{}``, a GSM8K ``#### N``). Safe to call from any thread.
     """
-    if threading.current_thread() is threading.main_thread() and os.name == "posix":
+    # Off POSIX, math-verify times out with a helper process, which works in any thread.
+    if threading.current_thread() is threading.main_thread() or os.name != "posix":
         return _compare_here(answer, truth, timeout_seconds)
     return _worker.compare(answer, truth, timeout_seconds)
 
