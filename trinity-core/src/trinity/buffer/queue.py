@@ -209,17 +209,40 @@ def get_queue_actor(
     reuse_cooldown_time: float | None = None,
 ) -> Any:
     """The named queue actor, created on first use (``get_if_exists``) so that every process
-    asking for the same buffer name gets the same queue."""
+    asking for the same buffer name gets the same queue.
+
+    The actor is *detached*: it must outlive whichever process happened to create it (explorer
+    or trainer), so it lives until :func:`kill_queue_actor` or the Ray cluster ends.
+    """
     import ray
 
     cls = ray.remote(QueueActor)
     return cls.options(
-        name=f"trinity_queue_{name}",
+        name=queue_actor_name(name),
         namespace=namespace,
         get_if_exists=True,
+        lifetime="detached",
         num_cpus=0,
         max_concurrency=1000,
     ).remote(name, capacity, mirror_url, priority, priority_fn, priority_fn_args, reuse_cooldown_time)
+
+
+def queue_actor_name(name: str) -> str:
+    """Ray actor name of the queue of buffer ``name``."""
+    return f"trinity_queue_{name}"
+
+
+def kill_queue_actor(name: str, namespace: str | None = None) -> bool:
+    """Stop the queue actor of buffer ``name`` (unread rows stay in its SQL mirror, if any).
+    Returns whether there was one."""
+    import ray
+
+    try:
+        actor = ray.get_actor(queue_actor_name(name), namespace=namespace)
+    except ValueError:
+        return False
+    ray.kill(actor)
+    return True
 
 
 class QueueWriter:
