@@ -1,0 +1,254 @@
+"""Taskset readers: formats, per-row overrides, selectors, epochs, resume, and bad data."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from trinity import hookimpl
+from trinity.buffer.base import BufferExhausted
+from trinity.buffer.taskset import TasksetError, TasksetReader, TasksetScheduler
+from trinity.config import BufferConfig, TasksetConfig
+from trinity.workflow import RewardFn, Workflow
+
+
+class EchoWorkflow(Workflow):
+    def run(self):
+        return []
+
+
+class OtherWorkflow(EchoWorkflow):
+    pass
+
+
+class ExactReward(RewardFn):
+    def __call__(self, response, truth=None, **kw):
+        return {"exact": float(response == truth)}
+
+
+class FakePlugin:
+    @hookimpl
+    def register_workflows(self, register):
+        register("echo", EchoWorkflow)
+        register("other", OtherWorkflow)
+
+    @hookimpl
+    def register_reward_fns(self, register):
+        register("exact", ExactReward)
+
+
+@pytest.fixture(autouse=True)
+def components(register_plugin):
+    register_plugin(FakePlugin(), "fake-buffer-components")
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def qa(n: int, start: int = 0) -> list[dict]:
+    return [{"question": f"q{i}", "answer": str(i)} for i in range(start, start + n)]
+
+
+def make_config(path: Path | str, **kw) -> TasksetConfig:
+    fmt = kw.pop("format", {})
+    return TasksetConfig(
+        name=kw.pop("name", "math"),
+        path=str(path),
+        format={"prompt_key": "question", "response_key": "answer", **fmt},
+        default_workflow_type=kw.pop("default_workflow_type", "echo"),
+        default_reward_fn_type=kw.pop("default_reward_fn_type", "exact"),
+        **kw,
+    )
+
+
+def prompts(tasks) -> list[str]:
+    return [t.task_desc for t in tasks]
+
+
+def test_jsonl_rows_become_tasks(tmp_path):
+    cfg = make_config(
+        write_jsonl(tmp_path / "t.jsonl", qa(3)),
+        workflow_args={"k": 1},
+        reward_fn_args={"r": 2},
+        repeat_times=4,
+        rollout_args={"temperature": 0.7},
+    )
+    tasks = TasksetReader(cfg).read_batch(2)
+    t = tasks[1]
+    assert (t.workflow, t.reward_fn) == (EchoWorkflow, ExactReward)
+    assert (t.task_desc, t.truth, t.index, t.taskset_name) == ("q1", "1", 1, "math")
+    assert (t.workflow_args, t.reward_fn_args, t.repeat_times) == ({"k": 1}, {"r": 2}, 4)
+    assert t.rollout_args.temperature == 0.7
+
+
+def test_json_list_parquet_and_hf_folder(tmp_path):
+    import datasets
+
+    (tmp_path / "list.json").write_text(json.dumps(qa(2)))
+    assert prompts(TasksetReader(make_config(tmp_path / "list.json")).read_batch(5)) == ["q0", "q1"]
+    datasets.Dataset.from_list(qa(3)).to_parquet(str(tmp_path / "t.parquet"))
+    assert prompts(TasksetReader(make_config(tmp_path / "t.parquet")).read_batch(5)) == ["q0", "q1", "q2"]
+    folder = tmp_path / "hf"
+    (folder / "data").mkdir(parents=True)
+    datasets.Dataset.from_list(qa(2)).to_parquet(str(folder / "data" / "train-00000-of-00001.parquet"))
+    datasets.Dataset.from_list(qa(1, start=10)).to_parquet(str(folder / "data" / "test-00000-of-00001.parquet"))
+    assert prompts(TasksetReader(make_config(folder, split="test")).read_batch(5)) == ["q10"]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    write_jsonl(plain / "train.jsonl", qa(2))
+    assert prompts(TasksetReader(make_config(plain)).read_batch(5)) == ["q0", "q1"]
+
+
+def test_per_row_workflow_and_reward_override_defaults(tmp_path):
+    rows = [{"question": "a", "wf": "other"}, {"question": "b"}]
+    cfg = make_config(write_jsonl(tmp_path / "t.jsonl", rows), format={"workflow_key": "wf"})
+    a, b = TasksetReader(cfg).read_batch(2)
+    assert (a.workflow, b.workflow) == (OtherWorkflow, EchoWorkflow)
+
+
+def test_buffer_level_defaults_apply_when_taskset_sets_none(tmp_path):
+    cfg = make_config(write_jsonl(tmp_path / "t.jsonl", qa(1)), default_workflow_type=None, default_reward_fn_type=None)
+    task = TasksetReader(cfg, BufferConfig(default_workflow_type="other", default_reward_fn_type="exact")).read_batch()[0]
+    assert (task.workflow, task.reward_fn) == (OtherWorkflow, ExactReward)
+
+
+def test_sequential_epochs_then_exhausted(tmp_path):
+    reader = TasksetReader(make_config(write_jsonl(tmp_path / "t.jsonl", qa(3)), total_epochs=2))
+    batches = [prompts(reader.read_batch(2)) for _ in range(3)]
+    assert batches == [["q0", "q1"], ["q2", "q0"], ["q1", "q2"]]
+    with pytest.raises(BufferExhausted, match="2 epoch"):
+        reader.read_batch(2)
+
+
+def test_total_steps_overrides_epochs(tmp_path):
+    reader = TasksetReader(make_config(write_jsonl(tmp_path / "t.jsonl", qa(2)), total_epochs=1, total_steps=3))
+    assert [prompts(reader.read_batch(2)) for _ in range(3)] == [["q0", "q1"]] * 3
+    with pytest.raises(BufferExhausted, match="total_steps"):
+        reader.read_batch(2)
+
+
+def test_shuffle_is_seeded_per_epoch_and_covers_every_row(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", qa(10))
+
+    def order(seed: int) -> list[str]:
+        cfg = make_config(path, total_epochs=2, data_selector={"selector_type": "shuffle", "seed": seed})
+        return prompts(TasksetReader(cfg).read_batch(20))
+
+    a, b, c = order(1), order(1), order(2)
+    assert a == b and a != c
+    assert sorted(a[:10]) == sorted(a[10:]) == sorted(f"q{i}" for i in range(10))
+    assert a[:10] != a[10:], "each epoch gets its own permutation"
+
+
+def test_random_selector_draws_with_replacement_deterministically(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", qa(5))
+    cfg = make_config(path, total_epochs=4, data_selector={"selector_type": "random", "seed": 3})
+    first, second = (prompts(TasksetReader(cfg).read_batch(20)) for _ in range(2))
+    assert first == second
+    assert len(set(first)) < 5 or sorted(first) != sorted(f"q{i}" for i in range(5)) * 4
+
+
+def test_state_dict_resumes_the_exact_order(tmp_path):
+    cfg = make_config(write_jsonl(tmp_path / "t.jsonl", qa(7)), total_epochs=3, data_selector={"selector_type": "shuffle"})
+    reader = TasksetReader(cfg)
+    reader.read_batch(5)
+    state = reader.state_dict()
+    rest = [prompts(reader.read_batch(4)) for _ in range(3)]
+    resumed = TasksetReader(cfg)
+    resumed.load_state_dict(state)
+    assert [prompts(resumed.read_batch(4)) for _ in range(3)] == rest
+
+
+def test_eval_taskset_is_read_once_in_order(tmp_path):
+    cfg = make_config(
+        write_jsonl(tmp_path / "t.jsonl", qa(3)), is_eval=True, total_epochs=5, data_selector={"selector_type": "shuffle"}
+    )
+    reader = TasksetReader(cfg)
+    assert prompts(reader.read_batch(10)) == ["q0", "q1", "q2"]
+    with pytest.raises(BufferExhausted):
+        reader.read_batch(10)
+
+
+def test_scheduler_interleaves_tasksets_and_resumes(tmp_path):
+    a = make_config(write_jsonl(tmp_path / "a.jsonl", qa(3)), name="a")
+    b = make_config(write_jsonl(tmp_path / "b.jsonl", qa(1, start=100)), name="b")
+    sched = TasksetScheduler([a, b])
+    first = sched.read_batch(3)
+    assert [(t.taskset_name, t.task_desc) for t in first] == [("a", "q0"), ("b", "q100"), ("a", "q1")]
+    state = sched.state_dict()
+    assert prompts(sched.read_batch(3)) == ["q2"]
+    again = TasksetScheduler([a, b])
+    again.load_state_dict(state)
+    assert prompts(again.read_batch(3)) == ["q2"]
+    with pytest.raises(BufferExhausted):
+        again.read_batch(3)
+    with pytest.raises(TasksetError, match="unique"):
+        TasksetScheduler([a, a])
+
+
+# -- bad data --------------------------------------------------------------------------------
+
+BAD_ROWS = {
+    "invalid JSON": '{"question": "broken',
+    "row must be a JSON object": "[1, 2]",
+    "missing prompt key": {"prompt": "wrong key"},
+    "must be a string, got int": {"question": 42},
+    "prompt 'question' is empty": {"question": "   "},
+    "must be a string, got null": {"question": None},
+    "response 'answer' must be a string or number": {"question": "q", "answer": {"x": 1}},
+    "must be a list of messages": {"message": "not a list"},
+    "role must be one of": {"message": [{"role": "robot", "content": "hi"}]},
+    "empty message list": {"message": []},
+    "tools 'tools' must be a list of objects": {"question": "q", "tools": "grep"},
+    "Unknown workflow 'nope'": {"question": "q", "wf": "nope"},
+    "workflow name 'wf' must be a string": {"question": "q", "wf": 3},
+    "system prompt 'sys' must be a string": {"question": "q", "sys": ["x"]},
+}
+
+
+def test_each_kind_of_bad_row_is_skipped_counted_and_logged(tmp_path, caplog):
+    rows = [*qa(2)]
+    for bad in BAD_ROWS.values():
+        rows.append(bad)
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+    cfg = make_config(path, format={"workflow_key": "wf", "system_prompt_key": "sys"})
+    with caplog.at_level(logging.WARNING, logger="trinity.buffer.taskset"):
+        reader = TasksetReader(cfg)
+    assert len(reader) == 2
+    metrics = reader.metrics()
+    assert metrics["buffer/math/skipped_rows"] == len(BAD_ROWS)
+    assert metrics["buffer/math/rows"] == 2
+    log = caplog.text
+    for lineno, expected in enumerate(BAD_ROWS, start=3):
+        assert f"{path}:{lineno}: " in log, f"row {lineno} not logged"
+        line = next(entry for entry in log.splitlines() if f"{path}:{lineno}: " in entry)
+        assert expected in line, (expected, line)
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda p: make_config(p / "missing.jsonl"), "taskset 'math': .*missing.jsonl does not exist"),
+        (lambda p: make_config(p / "t.jsonl", default_workflow_type="nope"), "taskset 'math': default_workflow_type: Unknown workflow 'nope'"),
+        (lambda p: make_config(p / "t.jsonl", default_reward_fn_type="exakt"), "Did you mean 'exact'"),
+        (lambda p: make_config(p / "t.jsonl", default_workflow_type=None), "taskset 'math': no workflow"),
+        (lambda p: make_config(p / "empty.jsonl"), "taskset 'math': .*holds no rows"),
+        (lambda p: make_config(p / "bad.jsonl"), "none of the 2 rows .* is usable"),
+        (lambda p: make_config(p / "t.txt"), "unsupported file type"),
+        (lambda p: make_config(p, split="validation"), "no split 'validation'|cannot load"),
+        (lambda p: make_config(p / "obj.json"), "exactly one list"),
+    ],
+)
+def test_unusable_tasksets_fail_at_construction_naming_the_taskset(tmp_path, setup, message):
+    write_jsonl(tmp_path / "t.jsonl", qa(2))
+    (tmp_path / "empty.jsonl").write_text("")
+    write_jsonl(tmp_path / "bad.jsonl", [{"x": 1}, "nonsense{"])
+    (tmp_path / "t.txt").write_text("q0\n")
+    (tmp_path / "obj.json").write_text(json.dumps({"a": [], "b": []}))
+    with pytest.raises(TasksetError, match=message):
+        TasksetReader(setup(tmp_path))
