@@ -62,3 +62,15 @@ def bench(session: nox.Session) -> None:
     for script in sorted(os.listdir("benchmarks")):
         if script.endswith(".py") and not script.startswith("_"):
             session.run("python", f"benchmarks/{script}")
+
+
+@nox.session(python=PYTHON)
+def vllm_api(session: nox.Session) -> None:
+    """Optional: install vLLM here (import only, no GPU needed) and check that every vLLM name,
+    argument and output field the ``vllm`` rollout engine uses exists in that release.
+    Pass a version with ``nox -s vllm_api -- vllm==0.11.0``."""
+    session.install(*(session.posargs or ["vllm"]))
+    # --no-deps: vLLM brings torch / transformers / ray; the adapter needs only pluggy besides.
+    session.install("--no-deps", "-e", "trinity-core")
+    session.install("pluggy>=1.3")
+    session.run("python", ".ci/check_vllm_api.py")

@@ -1,0 +1,70 @@
+"""Check that every vLLM name the ``vllm`` rollout engine uses exists in the installed vLLM.
+
+Run by ``nox -s vllm_api`` (vLLM installed in its own environment; nothing is started, no GPU
+needed). The names live in ``trinity.explorer.engines.vllm_engine.VLLM_API``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import sys
+import typing
+
+import vllm
+from vllm import outputs, sampling_params
+
+from trinity.explorer.engines.vllm_engine import VLLM_API
+
+try:
+    from vllm.logprobs import Logprob
+except ImportError:  # vLLM < 0.11 kept it in vllm.sequence
+    from vllm.sequence import Logprob
+
+CLASSES = {
+    "SamplingParams": vllm.SamplingParams,
+    "AsyncEngineArgs": vllm.AsyncEngineArgs,
+    "AsyncLLMEngine": vllm.AsyncLLMEngine,
+    "RequestOutput": outputs.RequestOutput,
+    "CompletionOutput": outputs.CompletionOutput,
+    "Logprob": Logprob,
+}
+
+
+def names_of(cls: type) -> set[str]:
+    """Constructor parameters, dataclass / msgspec fields and attributes of ``cls``."""
+    names = set(dir(cls))
+    if dataclasses.is_dataclass(cls):
+        names |= {f.name for f in dataclasses.fields(cls)}
+    names |= set(getattr(cls, "__struct_fields__", ()))  # msgspec.Struct (SamplingParams)
+    names |= set(getattr(cls, "__annotations__", {}))
+    with contextlib.suppress(TypeError, ValueError):  # some classes have no signature
+        names |= set(inspect.signature(cls).parameters)
+    return names
+
+
+def main() -> int:
+    missing = []
+    for cls_name, wanted in VLLM_API.items():
+        available = names_of(CLASSES[cls_name])
+        missing += [f"{cls_name}.{n}" for n in wanted if n not in available]
+    if not hasattr(sampling_params.RequestOutputKind, "FINAL_ONLY"):
+        missing.append("sampling_params.RequestOutputKind.FINAL_ONLY")
+    hints = (
+        typing.get_type_hints(vllm.AsyncEngineArgs) if dataclasses.is_dataclass(vllm.AsyncEngineArgs) else {}
+    )
+    modes = typing.get_args(hints.get("logprobs_mode", ""))
+    literal = [a for m in modes for a in (typing.get_args(m) or [m])]
+    if literal and "processed_logprobs" not in literal:
+        missing.append(f"AsyncEngineArgs.logprobs_mode='processed_logprobs' (choices: {literal})")
+    print(f"vLLM {vllm.__version__}: checked {sum(map(len, VLLM_API.values()))} names")
+    if missing:
+        print("missing in this vLLM release:\n  " + "\n  ".join(missing))
+        return 1
+    print("all present")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
