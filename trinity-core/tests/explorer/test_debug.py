@@ -1,0 +1,109 @@
+"""``trinity debug``: a plugin-dir workflow run on the tiny model, experiences written to jsonl."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from trinity.explorer.debug import debug
+from trinity.testing.plugins import isolated_plugin_manager
+
+WORKFLOW = textwrap.dedent(
+    """
+    from trinity import hookimpl
+    from trinity.workflow import Workflow
+
+    class ToyWorkflow(Workflow):
+        def run(self):
+            if self.task.raw_task.get("fail"):
+                raise RuntimeError("toy failure")
+            exps = self.model.chat([{"role": "user", "content": self.task.task_desc}], max_tokens=5, seed=0)
+            for e in exps:
+                e.reward = float(self.task.truth in e.response_text)
+            return exps
+
+    @hookimpl
+    def register_workflows(register):
+        register("toy_debug_wf", ToyWorkflow)
+    """
+)
+
+
+def _setup(tmp_path, model_path, rows):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "toy.py").write_text(WORKFLOW)
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        textwrap.dedent(
+            f"""
+            mode: explore
+            checkpoint_root_dir: {tmp_path}/ckpt
+            model: {{model_path: {model_path}, max_prompt_tokens: 64, max_response_tokens: 8}}
+            buffer:
+              batch_size: 2
+              explorer_input:
+                taskset: {{name: toy, path: {data}, default_workflow_type: toy_debug_wf}}
+            explorer:
+              rollout_model: {{engine_type: transformers, dtype: float32}}
+            """
+        )
+    )
+    return config, plugins
+
+
+@pytest.fixture
+def manager():
+    # Autoload on: the config's algorithm comes from the installed algorithm plugin.
+    with isolated_plugin_manager(autoload=True) as m:
+        yield m
+
+
+def test_debug_prints_and_writes_experiences(tmp_path, tiny_model_path, manager):
+    rows = [{"prompt": f"{i}+1=", "response": str(i + 1)} for i in range(3)]
+    config, plugins = _setup(tmp_path, tiny_model_path, rows)
+    out = tmp_path / "exps.jsonl"
+    result = CliRunner().invoke(
+        debug,
+        [
+            "--config",
+            str(config),
+            "--plugin-dir",
+            str(plugins),
+            "--output-file",
+            str(out),
+            "--num-tasks",
+            "2",
+        ],
+    )
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert result.output.count("=== task toy#") == 2
+    assert "prompt:   '<|im_start|>user\\n0+1=<|im_end|>\\n<|im_start|>assistant\\n'" in result.output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 2
+    assert lines[0]["prompt_length"] + len(lines[0]["logprobs"]) == len(lines[0]["tokens"])
+    assert lines[0]["reward"] in (0.0, 1.0)
+
+
+def test_debug_shows_workflow_tracebacks(tmp_path, tiny_model_path, manager):
+    config, plugins = _setup(tmp_path, tiny_model_path, [{"prompt": "x", "response": "y", "fail": True}])
+    result = CliRunner().invoke(
+        debug, ["--config", str(config), "--plugin-dir", str(plugins), "--num-tasks", "1"]
+    )
+    assert result.exit_code == 1
+    assert "RuntimeError: toy failure" in result.output and "Traceback" in result.output
+    assert "1 of 1 task(s) failed" in result.output
+
+
+def test_importing_debug_is_light():
+    code = "import sys, trinity.explorer.debug; print(any(m in sys.modules for m in ('torch', 'transformers', 'ray')))"
+    assert subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip() == ("False")
