@@ -16,6 +16,7 @@ math_verify (and sympy) are imported on first use, not when this module is impor
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -123,11 +124,32 @@ class _Worker:
         self._pid = os.getpid()
         return proc
 
+    def close(self) -> None:
+        """Let the worker finish (end of its input), killing it if it does not."""
+        with self._lock:
+            if self._proc is not None and self._pid == os.getpid():
+                try:
+                    assert self._proc.stdin is not None
+                    self._proc.stdin.close()
+                    self._proc.wait(timeout=2)
+                except (OSError, subprocess.TimeoutExpired):
+                    self._proc.kill()
+                    self._proc.wait()
+                self._release()
+            self._proc = None
+
     def _kill(self) -> None:
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
+            self._release()
             self._proc = None
+
+    def _release(self) -> None:
+        assert self._proc is not None
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
     def compare(self, answer: str, truth: str, timeout_seconds: float) -> Verdict:
         with self._lock:
@@ -167,6 +189,7 @@ def _readline(stream: IO[bytes] | None, timeout: float) -> bytes | None:
 
 
 _worker = _Worker()
+atexit.register(_worker.close)
 
 
 def math_equal(answer: str, truth: str, timeout_seconds: float = 5) -> Verdict:
