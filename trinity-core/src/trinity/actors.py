@@ -7,6 +7,7 @@ the Ray runtime environment), and translate between Ray object refs and plain ca
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,44 +37,73 @@ def _setup_actor(config: Config, actor_name: str) -> logging.Logger:
 
 @ray.remote
 class ExplorerActor:
-    """The explorer in its own process."""
+    """The explorer in its own process.
+
+    After every step it saves its position (step and taskset readers) to
+    ``<job_dir>/explorer_state.json``, so a restarted job continues with the next tasks. The
+    experience buffer drops rows whose experience id it already holds, so a step redone after a
+    crash cannot duplicate data.
+    """
 
     def __init__(self, config: Config) -> None:
         from trinity.explorer.explorer import Explorer
 
         self.logger = _setup_actor(config, config.explorer.name)
+        self.config = config
         self.explorer = Explorer(config)
+        self.state_file = Path(config.checkpoint_job_dir) / "explorer_state.json"
+        if config.continue_from_checkpoint and self.state_file.is_file():
+            state = json.loads(self.state_file.read_text())
+            self.explorer.explore_step_num = int(state["step"])
+            self.explorer.taskset_reader.load_state_dict(state["taskset"])
+            self.logger.info("resumed explorer at step %d", self.explorer.explore_step_num)
 
     def ready(self) -> bool:
         return True
 
     def current_step(self) -> int:
-        return self.explorer.step
+        return self.explorer.explore_step_num
 
     def model_version(self) -> int:
         return self.explorer.model_version
 
     def explore_step(self) -> dict[str, float] | None:
-        return self.explorer.explore_step()
+        metrics = self.explorer.explore_step()
+        if metrics is not None:
+            state = {
+                "step": self.explorer.explore_step_num,
+                "taskset": self.explorer.taskset_reader.state_dict(),
+            }
+            tmp = self.state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state))
+            tmp.replace(self.state_file)  # atomic: a crash never leaves half a state file
+        return metrics
 
     def eval(self) -> dict[str, float]:
         return self.explorer.eval()
 
     def benchmark(self) -> dict[str, float]:
-        return self.explorer.benchmark()
+        results = self.explorer.bench()
+        out: dict[str, float] = {}
+        for step, metrics in sorted(results.items()):
+            out.update({f"bench/step_{step}/{k}": v for k, v in metrics.items()})
+        return out
 
     def update_weights(self, boxed_ref: list[Any]) -> int:
         state_dict, version = ray.get(boxed_ref[0])
-        self.explorer.update_weights(state_dict, version)
+        self.explorer.sync_weights(state_dict, version=version)
         return version
 
     def load_checkpoint(self, path_and_version: tuple[str, int]) -> int:
         path, version = path_and_version
-        self.explorer.load_checkpoint(path, version)
+        self.explorer.sync_weights(checkpoint_path=path, version=version)
         return version
 
     def finish(self) -> None:
-        self.explorer.finish()
+        # Tell the trainer no more experiences will come; the engines stay up for a final eval.
+        if not self.explorer.finished:
+            self.explorer.finished = True
+            self.explorer.writer.finish()
 
 
 @ray.remote

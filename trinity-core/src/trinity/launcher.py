@@ -114,7 +114,9 @@ def run_stage(config: Config) -> StageResult:
     ray = _init_ray(config)
     job_dir = Path(config.checkpoint_job_dir)
     (job_dir / "log").mkdir(parents=True, exist_ok=True)
-    monitors = get_monitors(config)
+    schedule = SyncSchedule.from_config(config)
+    # One run per role, as Trinity-RFT logs them (the "_explorer" / "_trainer" runs).
+    monitors = {role: get_monitors(config, role, schedule.total_steps) for role in ("explorer", "trainer")}
     actors: list[Any] = []
 
     def _stop(*_: Any) -> None:
@@ -133,13 +135,12 @@ def run_stage(config: Config) -> StageResult:
         _get(ray, [a.ready.remote() for a in actors], "starting actors")
         if config.mode == "bench":
             metrics = _get(ray, explorer.benchmark.remote(), "explorer benchmark")
-            _log(monitors, metrics, 0)
+            _log(monitors["explorer"], metrics, 0)
             return StageResult(config.name, 0, 0, None, metrics)
-        schedule = SyncSchedule.from_config(config)
         return _drive(ray, config, explorer, trainer, schedule, monitors)
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
-        for monitor in monitors:
+        for monitor in monitors.values():
             monitor.close()
         for actor in actors:
             with contextlib.suppress(Exception):  # the actor may already be gone
@@ -158,16 +159,14 @@ def _get(ray: Any, refs: Any, doing: str) -> Any:
         raise JobFailed(f"{doing}: an actor died ({exc})") from exc
 
 
-def _log(monitors: list[Any], metrics: dict[str, Any], step: int) -> None:
-    numeric = {
-        k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-    for monitor in monitors:
-        monitor.log(numeric, step)
+def _log(monitor: Any, metrics: dict[str, Any], step: int) -> None:
+    monitor.log(
+        {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}, step
+    )
 
 
 def _drive(
-    ray: Any, config: Config, explorer: Any, trainer: Any, schedule: Any, monitors: list[Any]
+    ray: Any, config: Config, explorer: Any, trainer: Any, schedule: Any, monitors: dict[str, Any]
 ) -> StageResult:
     """Step explorer and trainer concurrently, syncing weights as the schedule says."""
     explorer_step = _get(ray, explorer.current_step.remote(), "explorer") if explorer else 0
@@ -180,7 +179,7 @@ def _drive(
     start = time.monotonic()
 
     if explorer is not None and config.explorer.eval_on_startup and explorer_step == 0:
-        _log(monitors, _get(ray, explorer.eval.remote(), "explorer eval"), 0)
+        _log(monitors["explorer"], _get(ray, explorer.eval.remote(), "explorer eval"), 0)
 
     while not (explorer_done and trainer_done):
         if explorer is not None and not explorer_done and explore_ref is None:
@@ -213,10 +212,14 @@ def _drive(
                 _get(ray, explorer.finish.remote(), "explorer finish")
             else:
                 explorer_step += 1
-                _log(monitors, metrics, explorer_step)
+                _log(monitors["explorer"], metrics, explorer_step)
                 last_metrics.update(metrics)
                 if schedule.eval_due(explorer_step):
-                    _log(monitors, _get(ray, explorer.eval.remote(), "explorer eval"), explorer_step)
+                    _log(
+                        monitors["explorer"],
+                        _get(ray, explorer.eval.remote(), "explorer eval"),
+                        explorer_step,
+                    )
         if train_ref is not None and train_ref in ready:
             metrics = _get(ray, train_ref, "trainer step")
             train_ref = None
@@ -224,7 +227,7 @@ def _drive(
                 trainer_done = True
             else:
                 trainer_step += 1
-                _log(monitors, metrics, trainer_step)
+                _log(monitors["trainer"], metrics, trainer_step)
                 last_metrics.update(metrics)
     final_checkpoint = None
     if trainer is not None:
@@ -233,7 +236,7 @@ def _drive(
     final_eval_needed = config.explorer.eval_interval and not schedule.eval_due(explorer_step)
     if explorer is not None and trainer is not None and final_checkpoint and final_eval_needed:
         _sync(ray, config, explorer, trainer)
-        _log(monitors, _get(ray, explorer.eval.remote(), "explorer eval"), explorer_step)
+        _log(monitors["explorer"], _get(ray, explorer.eval.remote(), "explorer eval"), explorer_step)
     elapsed = time.monotonic() - start
     print(
         f"[trinity] done: {trainer_step} train steps, {explorer_step} explore steps in {elapsed:.0f}s"

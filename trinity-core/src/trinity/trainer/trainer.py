@@ -1,0 +1,130 @@
+"""The Trainer role: sample strategy + backend + checkpoints + resume.
+
+The backend (``native`` here, ``verl`` on GPUs) turns a list of experiences into a gradient
+step; this class decides *which* experiences (through the algorithm's sample strategy reading
+the experience buffer and auxiliary buffers), counts steps, saves checkpoints every
+``trainer.save_interval`` steps together with the buffer readers' and the sample strategy's
+state, and restores all of it when ``continue_from_checkpoint`` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trinity.config import Config
+
+logger = logging.getLogger(__name__)
+
+
+def _build_backend(config: Config) -> Any:
+    kind = config.trainer.trainer_type
+    if kind in ("native", "auto"):
+        from trinity.trainer.native import NativeTrainer
+
+        return NativeTrainer(config)
+    if kind == "verl":
+        raise RuntimeError(
+            "trainer.trainer_type 'verl' needs the veRL back-end on GPUs (pip install 'trinity-core[verl]'), "
+            "which this installation does not provide; use trainer_type: native"
+        )
+    raise ValueError(f"trainer.trainer_type {kind!r}: use native or verl")
+
+
+class Trainer:
+    """One training job's trainer; ``train_step()`` returns metrics, or ``None`` when the
+    buffers are exhausted."""
+
+    def __init__(self, config: Config, backend: Any = None) -> None:
+        from trinity.buffer.factory import get_buffer_reader
+        from trinity.plugins import get_component
+
+        self.config = config
+        self.backend = backend if backend is not None else _build_backend(config)
+        trainer_input = config.buffer.trainer_input
+        tokenizer = getattr(self.backend, "tokenizer", None)
+        cache_dir = getattr(config.buffer, "cache_dir", None)
+        self.experience_reader = get_buffer_reader(
+            trainer_input.experience_buffer, tokenizer=tokenizer, cache_dir=cache_dir
+        )
+        self.auxiliary_readers = {
+            name: get_buffer_reader(cfg, tokenizer=tokenizer, cache_dir=cache_dir)
+            for name, cfg in (trainer_input.auxiliary_buffers or {}).items()
+        }
+        algo = config.algorithm
+        strategy_cls = get_component("sample_strategy", algo.sample_strategy)
+        self.sample_strategy = strategy_cls(
+            experience_buffer=self.experience_reader,
+            auxiliary_buffers=self.auxiliary_readers,
+            train_batch_size=config.buffer.train_batch_size,
+            **(algo.sample_strategy_args or {}),
+        )
+        self.last_saved_step = -1
+        if config.continue_from_checkpoint:
+            extra = self.backend.load_checkpoint()
+            if extra is not None:
+                self._load_extra(extra)
+                self.last_saved_step = self.step
+                logger.info("resumed trainer at step %d", self.step)
+
+    @property
+    def step(self) -> int:
+        return self.backend.global_step
+
+    def train_step(self) -> dict[str, float] | None:
+        """Sample one batch and train on it; ``None`` when no more experiences will come."""
+        from trinity.buffer.base import BufferExhausted
+
+        next_step = self.step + 1
+        if hasattr(self.sample_strategy, "set_model_version"):
+            self.sample_strategy.set_model_version(self.step)
+        try:
+            experiences, sample_metrics = self.sample_strategy.sample(next_step)
+        except BufferExhausted:
+            logger.info("experience buffer exhausted after %d steps", self.step)
+            return None
+        if not experiences:
+            return None
+        metrics = dict(self.backend.train_step(experiences))
+        metrics.update({f"sample/{k}" if "/" not in k else k: v for k, v in sample_metrics.items()})
+        interval = self.config.trainer.save_interval
+        if interval and self.step % interval == 0:
+            self.save_checkpoint()
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """Current weights (for memory sync)."""
+        return self.backend.state_dict()
+
+    def save_checkpoint(self) -> str:
+        """Save ``global_step_<step>`` with readers' and sample strategy's state; returns its path."""
+        path = self.backend.save_checkpoint(self.step, extra_state=self._extra())
+        self.last_saved_step = self.step
+        return path
+
+    def finish(self) -> str | None:
+        """Save the final checkpoint (unless this step is saved already); returns its path."""
+        from trinity.trainer.checkpoint import checkpoint_dir
+
+        if self.step == 0:
+            return None
+        if self.last_saved_step != self.step:
+            return self.save_checkpoint()
+        return checkpoint_dir(self.config.checkpoint_job_dir, self.step)
+
+    def _extra(self) -> dict[str, Any]:
+        return {
+            "sample_strategy": self.sample_strategy.state_dict(),
+            "experience_reader": self.experience_reader.state_dict(),
+            "auxiliary_readers": {n: r.state_dict() for n, r in self.auxiliary_readers.items()},
+        }
+
+    def _load_extra(self, extra: dict[str, Any]) -> None:
+        if "experience_reader" in extra:
+            self.experience_reader.load_state_dict(extra["experience_reader"])
+        for name, state in extra.get("auxiliary_readers", {}).items():
+            if name in self.auxiliary_readers:
+                self.auxiliary_readers[name].load_state_dict(state)
+        if "sample_strategy" in extra:
+            self.sample_strategy.load_state_dict(extra["sample_strategy"])
