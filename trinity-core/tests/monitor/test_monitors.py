@@ -1,0 +1,82 @@
+"""Monitors: real tensorboard event files, console output, optional wandb / mlflow."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+
+import pytest
+
+from trinity.config import Config
+from trinity.monitor import get_monitors
+from trinity.monitor.console import ConsoleMonitor, format_eta
+
+
+def _config(tmp_path, monitor_type, **args) -> Config:
+    return Config(checkpoint_root_dir=str(tmp_path), project="p", name="n",
+                  monitor={"monitor_type": monitor_type, "monitor_args": args or None})
+
+
+def test_tensorboard_writes_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = _config(tmp_path, "tensorboard")
+    monitor = get_monitors(config, role="trainer")
+    for step in (1, 2, 3):
+        monitor.log({"actor/pg_loss": 0.5 * step, "info": "not a number", "nan": float("nan")}, step)
+    monitor.close()
+    log_dir = os.path.join(config.job_dir, "monitor", "tensorboard", "trainer")
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(log_dir))
+    events = EventAccumulator(log_dir)
+    events.Reload()
+    assert events.Tags()["scalars"] == ["actor/pg_loss"]
+    assert [(e.step, e.value) for e in events.Scalars("actor/pg_loss")] == [(1, 0.5), (2, 1.0), (3, 1.5)]
+
+
+def test_console_plain_lines_when_not_a_tty():
+    out = io.StringIO()
+    monitor = ConsoleMonitor("trainer", total_steps=10, stream=out)
+    assert not monitor.use_rich
+    monitor.log({"critic/score/mean": 0.25, "actor/pg_loss": -0.125}, 1)
+    monitor.log({"critic/score/mean": 0.5}, 2)
+    monitor.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[trainer] step 1/10 reward 0.2500 loss -0.1250 eta ")
+    assert lines[1].startswith("[trainer] step 2/10 reward 0.5000 eta ")
+    assert format_eta(3725) == "1:02:05" and format_eta(None) == "?"
+
+
+def test_console_rich_progress_bar():
+    out = io.StringIO()
+    monitor = ConsoleMonitor("explorer", total_steps=4, stream=out, use_rich=True)
+    monitor.log({"critic/score/mean": 0.75}, 2)
+    monitor.close()
+    text = out.getvalue()
+    assert "explorer" in text and "2/4" in text and "reward 0.7500" in text
+
+
+def test_unknown_monitor_is_rejected_by_config():
+    with pytest.raises(ValueError, match="monitor_type"):
+        Config(monitor={"monitor_type": "neptune"})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed (extra trinity-core[wandb])")
+def test_wandb_offline(tmp_path):
+    monitor = get_monitors(_config(tmp_path, "wandb", mode="offline"), role="trainer")
+    monitor.log({"actor/pg_loss": 1.0}, 1)
+    monitor.close()
+    assert any("offline-run" in d for d in os.listdir(os.path.join(tmp_path, "p", "n", "monitor", "wandb")))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="mlflow not installed (extra trinity-core[mlflow])")
+def test_mlflow_file_store(tmp_path):
+    import mlflow
+
+    monitor = get_monitors(_config(tmp_path, "mlflow"), role="trainer")
+    monitor.log({"actor/pg_loss": 2.0}, 3)
+    inner = monitor.monitors[0]
+    monitor.close()
+    client = mlflow.MlflowClient(tracking_uri=inner.tracking_uri)
+    history = client.get_metric_history(inner._run_id, "actor/pg_loss")
+    assert [(m.step, m.value) for m in history] == [(3, 2.0)]

@@ -1,0 +1,69 @@
+"""The Synchronizer policy: when the explorer runs, waits or syncs."""
+
+from __future__ import annotations
+
+import pytest
+
+from trinity.config import SynchronizerConfig
+from trinity.sync import Synchronizer
+
+
+def _simulate(sync: Synchronizer, explore_steps: int, trainer_speed: int = 1):
+    """Interleave a fast explorer with a trainer that trains one available batch per tick.
+
+    Returns the version used for each explored batch and the explorer's maximum lead.
+    """
+    e = t = version = 0
+    versions, max_lead = [], 0
+    while e < explore_steps:
+        d = sync.explorer_decision(e, t, version)
+        if d.action == "sync":
+            assert d.version <= t
+            version = d.version
+        if d.action in ("run", "sync"):
+            e += 1
+            versions.append(version)
+        else:  # wait: the trainer catches up on produced batches
+            assert t < d.version <= e
+            t = min(e, t + trainer_speed)
+        max_lead = max(max_lead, e - t)
+    return versions, max_lead
+
+
+def test_on_policy_interval_1_offset_0():
+    versions, lead = _simulate(Synchronizer(1, 0), 4)
+    assert versions == [0, 1, 2, 3] and lead == 1
+
+
+def test_interval_2_offset_1():
+    sync = Synchronizer(2, 1)
+    assert [e for e in range(1, 10) if sync.is_sync_step(e)] == [3, 5, 7, 9]
+    assert sync.explorer_decision(3, 1, 0).action == "wait"
+    assert sync.explorer_decision(3, 2, 0) == sync.explorer_decision(3, 5, 0)
+    assert sync.explorer_decision(3, 2, 0).version == 2
+    versions, lead = _simulate(sync, 7)
+    # Batches 1-3 come from the initial model, 4-5 from version 2, 6-7 from version 4.
+    assert versions == [0, 0, 0, 2, 2, 4, 4]
+    assert lead <= sync.max_lead == 3
+    assert [s for s in range(1, 7) if sync.trainer_should_publish(s)] == [2, 4, 6]
+
+
+def test_dynamic_loads_newest_and_bounds_lead():
+    sync = Synchronizer(2, 1, "dynamic")
+    assert sync.explorer_decision(5, 3, 0) == sync.explorer_decision(5, 3, 0)
+    d = sync.explorer_decision(5, 3, 0)
+    assert (d.action, d.version) == ("sync", 2)
+    assert sync.explorer_decision(2, 0, 0).action == "run"
+    assert sync.explorer_decision(3, 0, 0).action == "wait"  # 4 - 0 > offset + interval
+    assert sync.explorer_decision(3, 1, 0).action == "run"
+    versions, lead = _simulate(sync, 8)
+    assert lead <= sync.max_lead and versions == sorted(versions) and versions[-1] > 0
+
+
+def test_from_config_and_validation():
+    sync = Synchronizer.from_config(SynchronizerConfig(sync_interval=3, sync_offset=2, sync_style="dynamic"))
+    assert (sync.sync_interval, sync.sync_offset, sync.sync_style) == (3, 2, "dynamic")
+    with pytest.raises(ValueError, match="sync_interval"):
+        Synchronizer(0)
+    with pytest.raises(ValueError, match="sync_style"):
+        Synchronizer(1, 0, "sometimes")
