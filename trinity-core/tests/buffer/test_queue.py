@@ -77,7 +77,11 @@ def test_sql_mirror_survives_an_actor_crash(tmp_path, make_experience):
 
 def test_priority_replay_prefers_new_versions_and_reuses_after_cooldown(make_experience):
     actor = get_queue_actor(
-        _name(), priority=True, priority_fn="linear_decay", priority_fn_args={"decay": 2.0}, reuse_cooldown_time=0.3
+        _name(),
+        priority=True,
+        priority_fn="linear_decay",
+        priority_fn_args={"decay": 2.0},
+        reuse_cooldown_time=0.3,
     )
     writer, reader = QueueWriter(actor), QueueReader(actor)
     writer.write([make_experience(i, model_version=v) for i, v in enumerate([1, 5, 3])])

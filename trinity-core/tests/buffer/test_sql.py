@@ -35,7 +35,9 @@ def test_roundtrip_keeps_tensors_and_columns(tmp_path, make_experience):
     assert torch.equal(got[2].logprobs, torch.full((8,), -0.5))
     assert got[4].model_version == 3
     with sqlite3.connect(tmp_path / "buffer.db") as con:
-        rows = con.execute("SELECT reward, model_version, task_id, run_id, prompt_text, consumed FROM exp").fetchall()
+        rows = con.execute(
+            "SELECT reward, model_version, task_id, run_id, prompt_text, consumed FROM exp"
+        ).fetchall()
     assert rows[4] == (4.0, 3, "w/4", 1, "prompt 4", 1)
 
 
@@ -163,4 +165,6 @@ def test_reader_restarted_in_a_new_process_continues_where_reading_stopped(tmp_p
     assert [line.split("/")[1] for line in first.read_text().splitlines()] == [str(i) for i in range(30)]
     second = tmp_path / "second.txt"
     _check(_run("read", url, str(second), "25"))
-    assert [line.split("/")[1] for line in second.read_text().splitlines()] == [str(i) for i in range(30, 100)]
+    assert [line.split("/")[1] for line in second.read_text().splitlines()] == [
+        str(i) for i in range(30, 100)
+    ]

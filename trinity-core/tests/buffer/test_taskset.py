@@ -96,7 +96,9 @@ def test_json_list_parquet_and_hf_folder(tmp_path):
     folder = tmp_path / "hf"
     (folder / "data").mkdir(parents=True)
     datasets.Dataset.from_list(qa(2)).to_parquet(str(folder / "data" / "train-00000-of-00001.parquet"))
-    datasets.Dataset.from_list(qa(1, start=10)).to_parquet(str(folder / "data" / "test-00000-of-00001.parquet"))
+    datasets.Dataset.from_list(qa(1, start=10)).to_parquet(
+        str(folder / "data" / "test-00000-of-00001.parquet")
+    )
     assert prompts(TasksetReader(make_config(folder, split="test")).read_batch(5)) == ["q10"]
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -112,8 +114,12 @@ def test_per_row_workflow_and_reward_override_defaults(tmp_path):
 
 
 def test_buffer_level_defaults_apply_when_taskset_sets_none(tmp_path):
-    cfg = make_config(write_jsonl(tmp_path / "t.jsonl", qa(1)), default_workflow_type=None, default_reward_fn_type=None)
-    task = TasksetReader(cfg, BufferConfig(default_workflow_type="other", default_reward_fn_type="exact")).read_batch()[0]
+    cfg = make_config(
+        write_jsonl(tmp_path / "t.jsonl", qa(1)), default_workflow_type=None, default_reward_fn_type=None
+    )
+    task = TasksetReader(
+        cfg, BufferConfig(default_workflow_type="other", default_reward_fn_type="exact")
+    ).read_batch()[0]
     assert (task.workflow, task.reward_fn) == (OtherWorkflow, ExactReward)
 
 
@@ -126,7 +132,9 @@ def test_sequential_epochs_then_exhausted(tmp_path):
 
 
 def test_total_steps_overrides_epochs(tmp_path):
-    reader = TasksetReader(make_config(write_jsonl(tmp_path / "t.jsonl", qa(2)), total_epochs=1, total_steps=3))
+    reader = TasksetReader(
+        make_config(write_jsonl(tmp_path / "t.jsonl", qa(2)), total_epochs=1, total_steps=3)
+    )
     assert [prompts(reader.read_batch(2)) for _ in range(3)] == [["q0", "q1"]] * 3
     with pytest.raises(BufferExhausted, match="total_steps"):
         reader.read_batch(2)
@@ -154,7 +162,9 @@ def test_random_selector_draws_with_replacement_deterministically(tmp_path):
 
 
 def test_state_dict_resumes_the_exact_order(tmp_path):
-    cfg = make_config(write_jsonl(tmp_path / "t.jsonl", qa(7)), total_epochs=3, data_selector={"selector_type": "shuffle"})
+    cfg = make_config(
+        write_jsonl(tmp_path / "t.jsonl", qa(7)), total_epochs=3, data_selector={"selector_type": "shuffle"}
+    )
     reader = TasksetReader(cfg)
     reader.read_batch(5)
     state = reader.state_dict()
@@ -166,7 +176,10 @@ def test_state_dict_resumes_the_exact_order(tmp_path):
 
 def test_eval_taskset_is_read_once_in_order(tmp_path):
     cfg = make_config(
-        write_jsonl(tmp_path / "t.jsonl", qa(3)), is_eval=True, total_epochs=5, data_selector={"selector_type": "shuffle"}
+        write_jsonl(tmp_path / "t.jsonl", qa(3)),
+        is_eval=True,
+        total_epochs=5,
+        data_selector={"selector_type": "shuffle"},
     )
     reader = TasksetReader(cfg)
     assert prompts(reader.read_batch(10)) == ["q0", "q1", "q2"]
@@ -234,7 +247,10 @@ def test_each_kind_of_bad_row_is_skipped_counted_and_logged(tmp_path, caplog):
     ("setup", "message"),
     [
         (lambda p: make_config(p / "missing.jsonl"), "taskset 'math': .*missing.jsonl does not exist"),
-        (lambda p: make_config(p / "t.jsonl", default_workflow_type="nope"), "taskset 'math': default_workflow_type: Unknown workflow 'nope'"),
+        (
+            lambda p: make_config(p / "t.jsonl", default_workflow_type="nope"),
+            "taskset 'math': default_workflow_type: Unknown workflow 'nope'",
+        ),
         (lambda p: make_config(p / "t.jsonl", default_reward_fn_type="exakt"), "Did you mean 'exact'"),
         (lambda p: make_config(p / "t.jsonl", default_workflow_type=None), "taskset 'math': no workflow"),
         (lambda p: make_config(p / "empty.jsonl"), "taskset 'math': .*holds no rows"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import itertools
 import logging
 from collections import deque
@@ -174,10 +175,8 @@ class QueueActor:
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
                     break
-                try:
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._cond.wait(), remaining)
-                except asyncio.TimeoutError:
-                    pass
         if not out and self._exhausted():
             return None
         if self.mirror is not None:

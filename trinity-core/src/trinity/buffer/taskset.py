@@ -80,9 +80,9 @@ def _row_problem(row: Any, fmt: Any) -> str | None:
         isinstance(response, (dict, list)) or not isinstance(response, (str, int, float))
     ):
         return f"response {fmt.response_key!r} must be a string or number, got {_type_name(response)}"
-    if fmt.system_prompt_key and row.get(fmt.system_prompt_key) is not None:
-        if not isinstance(row[fmt.system_prompt_key], str):
-            return f"system prompt {fmt.system_prompt_key!r} must be a string, got {_type_name(row[fmt.system_prompt_key])}"
+    system = row.get(fmt.system_prompt_key) if fmt.system_prompt_key else None
+    if system is not None and not isinstance(system, str):
+        return f"system prompt {fmt.system_prompt_key!r} must be a string, got {_type_name(system)}"
     tools = row.get(fmt.tools_key) if fmt.tools_key else None
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         return f"tools {fmt.tools_key!r} must be a list of objects, got {_type_name(tools)}"
