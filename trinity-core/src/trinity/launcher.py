@@ -108,7 +108,7 @@ def _init_ray(config: Config) -> Any:
 def run_stage(config: Config) -> StageResult:
     """Run one stage (one resolved config) to completion."""
     from trinity.actors import ExplorerActor, TrainerActor
-    from trinity.monitor import get_monitors
+    from trinity.monitor import get_monitor, get_monitors
     from trinity.sync.schedule import SyncSchedule
 
     ray = _init_ray(config)
@@ -117,6 +117,10 @@ def run_stage(config: Config) -> StageResult:
     schedule = SyncSchedule.from_config(config)
     # One run per role, as Trinity-RFT logs them (the "_explorer" / "_trainer" runs).
     monitors = {role: get_monitors(config, role, schedule.total_steps) for role in ("explorer", "trainer")}
+    if "console" not in config.monitor.monitor_types():
+        # The console progress bar is always on, following the role that paces the job.
+        role = "trainer" if config.mode in ("both", "train") else "explorer"
+        monitors[role].monitors.append(get_monitor("console", config, role, schedule.total_steps))
     actors: list[Any] = []
 
     def _stop(*_: Any) -> None:
