@@ -29,7 +29,9 @@ def install_trinity(session: nox.Session, extras: str = "dev") -> None:
 def tests(session: nox.Session) -> None:
     """The whole test suite (all packages, cross-package and end-to-end tests)."""
     install_trinity(session)
-    session.run("pytest", *(session.posargs or ["-q"]), env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    session.run(
+        "pytest", *(session.posargs or ["-q"]), env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    )
 
 
 @nox.session(python=PYTHON)

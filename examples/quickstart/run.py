@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def main() -> int:
     env = {**os.environ, "HOME": os.environ.get("HOME", str(ROOT))}
     config = ROOT / "examples" / "verl" / "grpo.yaml"
-    return subprocess.call([sys.executable, "-m", "trinity.cli", "run", "--config", str(config), "--dry-run"], env=env)
+    return subprocess.call(
+        [sys.executable, "-m", "trinity.cli", "run", "--config", str(config), "--dry-run"], env=env
+    )
 
 
 if __name__ == "__main__":
