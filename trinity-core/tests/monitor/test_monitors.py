@@ -14,8 +14,12 @@ from trinity.monitor.console import ConsoleMonitor, format_eta
 
 
 def _config(tmp_path, monitor_type, **args) -> Config:
-    return Config(checkpoint_root_dir=str(tmp_path), project="p", name="n",
-                  monitor={"monitor_type": monitor_type, "monitor_args": args or None})
+    return Config(
+        checkpoint_root_dir=str(tmp_path),
+        project="p",
+        name="n",
+        monitor={"monitor_type": monitor_type, "monitor_args": args or None},
+    )
 
 
 def test_tensorboard_writes_scalars(tmp_path):
@@ -61,7 +65,9 @@ def test_unknown_monitor_is_rejected_by_config():
         Config(monitor={"monitor_type": "neptune"})
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed (extra trinity-core[wandb])")
+@pytest.mark.skipif(
+    importlib.util.find_spec("wandb") is None, reason="wandb not installed (extra trinity-core[wandb])"
+)
 def test_wandb_offline(tmp_path):
     monitor = get_monitors(_config(tmp_path, "wandb", mode="offline"), role="trainer")
     monitor.log({"actor/pg_loss": 1.0}, 1)
@@ -69,7 +75,9 @@ def test_wandb_offline(tmp_path):
     assert any("offline-run" in d for d in os.listdir(os.path.join(tmp_path, "p", "n", "monitor", "wandb")))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="mlflow not installed (extra trinity-core[mlflow])")
+@pytest.mark.skipif(
+    importlib.util.find_spec("mlflow") is None, reason="mlflow not installed (extra trinity-core[mlflow])"
+)
 def test_mlflow_file_store(tmp_path):
     import mlflow
 

@@ -31,7 +31,8 @@ class _Engine:
 @pytest.fixture
 def models(tmp_path):
     return str(create_tiny_model(tmp_path / "a", hidden_size=32, seed=0)), str(
-        create_tiny_model(tmp_path / "b", hidden_size=32, seed=1))
+        create_tiny_model(tmp_path / "b", hidden_size=32, seed=1)
+    )
 
 
 def test_pack_and_apply_weights(models):
@@ -64,7 +65,7 @@ def test_sync_from_latest_checkpoint(models, tmp_path):
 def test_nccl_gives_a_clear_error_without_gpu_and_vllm():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA; the message under test is the CPU one")
-    with pytest.raises(NCCLUnavailableError, match="no CUDA device.*Use sync_method 'memory'"):
+    with pytest.raises(NCCLUnavailableError, match=r"no CUDA device.*Use sync_method 'memory'"):
         NCCLWeightSync(engine_type="transformers")
 
 

@@ -27,7 +27,9 @@ def make_config(model_path: str, job_root: str, algorithm: dict[str, Any], **sec
         "algorithm": algorithm,
         "buffer": {
             "batch_size": 4,
-            "trainer_input": {"experience_buffer": {"name": "exp", "storage_type": "sql", "path": "sqlite:///unused.db"}},
+            "trainer_input": {
+                "experience_buffer": {"name": "exp", "storage_type": "sql", "path": "sqlite:///unused.db"}
+            },
         },
         "trainer": {"trainer_type": "native", "use_dynamic_bsz": False, **sections.pop("trainer", {})},
         **sections,

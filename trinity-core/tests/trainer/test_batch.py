@@ -46,10 +46,20 @@ def test_group_ids_follow_task_ids_and_token_rewards_are_kept():
 
 def test_dpo_expands_to_interleaved_chosen_rejected_rows():
     exps = [
-        Experience(tokens=torch.tensor([4, 5]), prompt_length=2, chosen=torch.tensor([6, 7]), rejected=torch.tensor([8]),
-                   eid=EID(task=0)),
-        Experience(tokens=torch.tensor([4]), prompt_length=1, chosen=torch.tensor([9]), rejected=torch.tensor([10, 11, 12]),
-                   eid=EID(task=1)),
+        Experience(
+            tokens=torch.tensor([4, 5]),
+            prompt_length=2,
+            chosen=torch.tensor([6, 7]),
+            rejected=torch.tensor([8]),
+            eid=EID(task=0),
+        ),
+        Experience(
+            tokens=torch.tensor([4]),
+            prompt_length=1,
+            chosen=torch.tensor([9]),
+            rejected=torch.tensor([10, 11, 12]),
+            eid=EID(task=1),
+        ),
     ]
     b = build_batch(exps, pad_token_id=0)
     assert b["input_ids"].tolist() == [

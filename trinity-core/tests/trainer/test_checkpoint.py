@@ -18,15 +18,24 @@ def _exps(tok):
     for task in range(2):
         for run, (text, reward) in enumerate([("ab", 1.0), ("xyz", 0.0)]):
             p, r = tok(f"q{task}:")["input_ids"], tok(text)["input_ids"]
-            out.append(Experience(tokens=torch.tensor(p + r), prompt_length=len(p), reward=reward,
-                                  eid=EID(task=task, run=run)))
+            out.append(
+                Experience(
+                    tokens=torch.tensor(p + r),
+                    prompt_length=len(p),
+                    reward=reward,
+                    eid=EID(task=task, run=run),
+                )
+            )
     return out
 
 
 def test_save_then_resume_is_exact(config_factory, tiny_model_path):
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
-    algo = {"algorithm_type": "grpo", "repeat_times": 2,
-            "optimizer": {"lr": 1e-2, "lr_warmup_steps": 3, "lr_scheduler_type": "cosine"}}
+    algo = {
+        "algorithm_type": "grpo",
+        "repeat_times": 2,
+        "optimizer": {"lr": 1e-2, "lr_warmup_steps": 3, "lr_scheduler_type": "cosine"},
+    }
     config = config_factory(algo, trainer={"total_steps": 6, "max_actor_ckpt_to_keep": 2})
     exps = _exps(tok)
     trainer = NativeTrainer(config)

@@ -25,8 +25,14 @@ def _rollouts(tok, groups=2):
     for task in range(groups):
         for run, (text, reward) in enumerate([(GOOD, 1.0), (BAD, 0.0)]):
             p, r = _ids(tok, PROMPT + str(task)), _ids(tok, text)
-            exps.append(Experience(tokens=torch.tensor(p + r), prompt_length=len(p), reward=reward,
-                                   eid=EID(batch=0, task=task, run=run)))
+            exps.append(
+                Experience(
+                    tokens=torch.tensor(p + r),
+                    prompt_length=len(p),
+                    reward=reward,
+                    eid=EID(batch=0, task=task, run=run),
+                )
+            )
     return exps
 
 
@@ -50,8 +56,16 @@ def test_grpo_raises_logprob_of_rewarded_responses(config_factory, tiny_model_pa
     good = [a - b for a, b, e in zip(after, before, exps) if e.reward == 1.0]
     bad = [a - b for a, b, e in zip(after, before, exps) if e.reward == 0.0]
     assert min(good) > 0.1 and max(bad) < -0.1, (good, bad)
-    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/lr",
-                "critic/score/mean", "response_length/mean", "timing/step"):
+    for key in (
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/lr",
+        "critic/score/mean",
+        "response_length/mean",
+        "timing/step",
+    ):
         assert key in metrics, key
     assert metrics["actor/kl_loss"] > 0  # the policy has moved away from the reference
     assert trainer.global_step == 4
@@ -80,12 +94,19 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(config_factory, tin
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     exps = _rollouts(tok, groups=3)
     exps[1].action_mask = torch.tensor([1, 0, 1])  # a masked hole changes the token counts
-    algo = {"algorithm_type": "grpo", "repeat_times": 2, "loss_agg_mode": mode, "optimizer": {"lr": 0.0},
-            "entropy_loss_fn_args": {"entropy_coef": 0.01}}
+    algo = {
+        "algorithm_type": "grpo",
+        "repeat_times": 2,
+        "loss_agg_mode": mode,
+        "optimizer": {"lr": 0.0},
+        "entropy_loss_fn_args": {"entropy_coef": 0.01},
+    }
     full = _grads(NativeTrainer(config_factory(algo)), exps)
     split = _grads(NativeTrainer(config_factory(algo, trainer={"ppo_micro_batch_size_per_gpu": 4})), exps)
-    dynamic = _grads(NativeTrainer(config_factory(
-        algo, trainer={"use_dynamic_bsz": True, "max_token_len_per_gpu": 12})), exps)
+    dynamic = _grads(
+        NativeTrainer(config_factory(algo, trainer={"use_dynamic_bsz": True, "max_token_len_per_gpu": 12})),
+        exps,
+    )
     assert full.abs().max() > 0
     torch.testing.assert_close(split, full, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(dynamic, full, atol=1e-5, rtol=1e-4)
@@ -96,8 +117,9 @@ def test_rollout_logprobs_and_ppo_epochs(config_factory, tiny_model_path):
     exps = _rollouts(tok)
     for e in exps:
         e.logprobs = torch.full((e.response_length,), -3.0)
-    config = config_factory({"algorithm_type": "grpo", "repeat_times": 2},
-                            trainer={"use_rollout_logprobs": True, "ppo_epochs": 2})
+    config = config_factory(
+        {"algorithm_type": "grpo", "repeat_times": 2}, trainer={"use_rollout_logprobs": True, "ppo_epochs": 2}
+    )
     metrics = NativeTrainer(config).train_step(exps)
     # old_logprob = -3 differs from the model's log-probs, so the PPO ratio is not 1.
     assert metrics["actor/ppo_kl"] != pytest.approx(0.0, abs=1e-3)
@@ -116,10 +138,19 @@ def test_ppo_trains_a_critic(config_factory, tiny_model_path):
 def test_dpo_prefers_chosen(config_factory, tiny_model_path):
     tok = AutoTokenizer.from_pretrained(tiny_model_path)
     p = _ids(tok, "pick:")
-    exps = [Experience(tokens=torch.tensor(p), prompt_length=len(p), chosen=torch.tensor(_ids(tok, " yes")),
-                       rejected=torch.tensor(_ids(tok, " no")), eid=EID(task=i)) for i in range(2)]
-    config = config_factory({"algorithm_type": "dpo", "optimizer": {"lr": 1e-2}},
-                            trainer={"ppo_micro_batch_size_per_gpu": 1})
+    exps = [
+        Experience(
+            tokens=torch.tensor(p),
+            prompt_length=len(p),
+            chosen=torch.tensor(_ids(tok, " yes")),
+            rejected=torch.tensor(_ids(tok, " no")),
+            eid=EID(task=i),
+        )
+        for i in range(2)
+    ]
+    config = config_factory(
+        {"algorithm_type": "dpo", "optimizer": {"lr": 1e-2}}, trainer={"ppo_micro_batch_size_per_gpu": 1}
+    )
     trainer = NativeTrainer(config)
     first = trainer.train_step(exps)
     for _ in range(3):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -38,12 +39,14 @@ def test_cosine_with_warmup_ratio_and_floor():
     # Half-way through the decay: floor + (1 - floor) * (1 + cos(pi/2)) / 2.
     assert lrs[6] == pytest.approx(2.0 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))))
     assert lrs[10] == pytest.approx(0.2)
-    assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[2:]))  # non-increasing after warm-up
 
 
 def test_warmup_style_alias_and_errors():
-    assert _lrs(OptimizerConfig(lr=1.0, warmup_style="cosine", min_lr_ratio=0.0), 4, 3)[2] == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="trainer.total_steps"):
+    assert _lrs(OptimizerConfig(lr=1.0, warmup_style="cosine", min_lr_ratio=0.0), 4, 3)[2] == pytest.approx(
+        0.5
+    )
+    with pytest.raises(ValueError, match=r"trainer\.total_steps"):
         _lrs(OptimizerConfig(lr_scheduler_type="cosine"), None, 1)
     with pytest.raises(ValueError, match="lr_warmup_steps_ratio"):
         warmup_steps(OptimizerConfig(lr_warmup_steps_ratio=0.1), None)

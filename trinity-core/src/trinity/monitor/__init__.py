@@ -54,7 +54,12 @@ def get_monitor(kind: str, config: Config, role: str, total_steps: int | None = 
         from trinity.monitor.wandb import WandbMonitor
 
         return WandbMonitor(
-            config.project, config.name, role, group=config.group or None, log_dir=base, config=hparams,
+            config.project,
+            config.name,
+            role,
+            group=config.group or None,
+            log_dir=base,
+            config=hparams,
             monitor_args=args,
         )
     if kind == "mlflow":
@@ -76,7 +81,9 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def get_monitors(config: Config, role: str, total_steps: int | None = None) -> MultiMonitor:
     """The monitors of ``config.monitor.monitor_type`` for actor ``role``, as one monitor."""
-    return MultiMonitor([get_monitor(k, config, role, total_steps) for k in config.monitor.monitor_types()], role)
+    return MultiMonitor(
+        [get_monitor(k, config, role, total_steps) for k in config.monitor.monitor_types()], role
+    )
 
 
 __all__ = ["Monitor", "MultiMonitor", "get_monitor", "get_monitors", "scalar_metrics"]

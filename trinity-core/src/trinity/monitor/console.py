@@ -22,7 +22,7 @@ def format_eta(seconds: float | None) -> str:
     """``H:MM:SS``, or ``?`` when unknown."""
     if seconds is None:
         return "?"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
@@ -34,8 +34,11 @@ class ConsoleMonitor(Monitor):
     """
 
     def __init__(
-        self, role: str = "trainer", total_steps: int | None = None,
-        stream: TextIO | None = None, use_rich: bool | None = None,
+        self,
+        role: str = "trainer",
+        total_steps: int | None = None,
+        stream: TextIO | None = None,
+        use_rich: bool | None = None,
     ) -> None:
         super().__init__(role)
         self.total_steps = total_steps
@@ -49,9 +52,13 @@ class ConsoleMonitor(Monitor):
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(
-                TextColumn(f"[bold]{role}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
-                console=Console(file=self.stream), transient=False,
+                TextColumn(f"[bold]{role}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=False,
             )
             self._task = self._progress.add_task(role, total=total_steps, stats="")
             self._progress.start()

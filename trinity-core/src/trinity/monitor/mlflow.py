@@ -18,8 +18,13 @@ class MlflowMonitor(Monitor):
     """One MLflow run per role, named ``<name>_<role>``, in experiment ``project``."""
 
     def __init__(
-        self, project: str, name: str, role: str = "trainer", log_dir: str | None = None,
-        config: dict[str, Any] | None = None, monitor_args: dict[str, Any] | None = None,
+        self,
+        project: str,
+        name: str,
+        role: str = "trainer",
+        log_dir: str | None = None,
+        config: dict[str, Any] | None = None,
+        monitor_args: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(role)
         try:

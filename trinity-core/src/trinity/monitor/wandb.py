@@ -16,8 +16,14 @@ class WandbMonitor(Monitor):
     """
 
     def __init__(
-        self, project: str, name: str, role: str = "trainer", group: str | None = None,
-        log_dir: str | None = None, config: dict[str, Any] | None = None, monitor_args: dict[str, Any] | None = None,
+        self,
+        project: str,
+        name: str,
+        role: str = "trainer",
+        group: str | None = None,
+        log_dir: str | None = None,
+        config: dict[str, Any] | None = None,
+        monitor_args: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(role)
         try:
@@ -32,8 +38,13 @@ class WandbMonitor(Monitor):
         if api_key:
             wandb.login(key=api_key, host=base_url)
         self._run = wandb.init(
-            project=project, group=group or name, name=f"{name}_{role}", dir=log_dir,
-            config=config, reinit="create_new", **args,
+            project=project,
+            group=group or name,
+            name=f"{name}_{role}",
+            dir=log_dir,
+            config=config,
+            reinit="create_new",
+            **args,
         )
 
     def log(self, metrics: dict[str, Any], step: int) -> None:

@@ -164,8 +164,12 @@ def prune_checkpoints(job_dir: str | os.PathLike, keep: int) -> list[str]:
     return [p for _, p in old]
 
 
-def timestamped_name(name: str, job_dir: str | os.PathLike, continue_from_checkpoint: bool,
-                     now: datetime.datetime | None = None) -> str:
+def timestamped_name(
+    name: str,
+    job_dir: str | os.PathLike,
+    continue_from_checkpoint: bool,
+    now: datetime.datetime | None = None,
+) -> str:
     """Trinity-RFT's rule for a fresh run in a used folder.
 
     With ``continue_from_checkpoint: false`` and an existing ``job_dir``, the run is renamed to

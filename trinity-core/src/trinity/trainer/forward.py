@@ -85,4 +85,10 @@ def forward_values(critic: Any, batch: dict[str, Any]) -> torch.Tensor:
     return out.logits[:, -width - 1 : -1, 0].float()
 
 
-__all__ = ["entropy_from_logits", "forward_logprobs", "forward_values", "logprobs_from_logits", "response_logits"]
+__all__ = [
+    "entropy_from_logits",
+    "forward_logprobs",
+    "forward_values",
+    "logprobs_from_logits",
+    "response_logits",
+]

@@ -45,7 +45,11 @@ def data_metrics(batch: dict[str, Any], max_response_length: int | None = None) 
         out.update(_stats("critic/rewards", (batch["token_level_rewards"] * mask).sum(-1)))
     else:
         out.update(_stats("critic/rewards", batch["rewards"]))
-    for key, name in (("advantages", "critic/advantages"), ("returns", "critic/returns"), ("values", "critic/values")):
+    for key, name in (
+        ("advantages", "critic/advantages"),
+        ("returns", "critic/returns"),
+        ("values", "critic/values"),
+    ):
         if key in batch:
             out.update(_masked_stats(name, batch[key], mask))
     response_length = batch["response_mask"].sum(-1)

@@ -75,16 +75,16 @@ def loss_denominator(mask: torch.Tensor, loss_agg_mode: str) -> float:
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}")
 
 
-def micro_batch_weights(
-    mask: torch.Tensor, groups: list[list[int]], loss_agg_mode: str
-) -> list[float]:
+def micro_batch_weights(mask: torch.Tensor, groups: list[list[int]], loss_agg_mode: str) -> list[float]:
     """One loss weight per micro-batch; they make accumulated gradients match the full batch."""
     total = loss_denominator(mask, loss_agg_mode)
     if loss_agg_mode == "seq-mean-token-sum-norm":
         return [1.0 for _ in groups]
     if total == 0:
         return [0.0 for _ in groups]
-    return [loss_denominator(mask[torch.as_tensor(g, device=mask.device)], loss_agg_mode) / total for g in groups]
+    return [
+        loss_denominator(mask[torch.as_tensor(g, device=mask.device)], loss_agg_mode) / total for g in groups
+    ]
 
 
 def trim_prompt_padding(batch: dict[str, Any]) -> dict[str, Any]:

@@ -99,7 +99,9 @@ class NativeTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust)
         self.pad_token_id = self.tokenizer.pad_token_id or 0
         # Parameters stay float32 (the optimizer's master copy); bf16 comes from autocast.
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, trust_remote_code=trust)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=torch.float32, trust_remote_code=trust
+        )
         self.model.to(self.device).train()
         self.model.config.use_cache = False
         if t.gradient_checkpointing:
@@ -147,7 +149,9 @@ class NativeTrainer:
         if opt.optimizer_type == "sgd":
             return torch.optim.SGD(params, lr=opt.lr, weight_decay=opt.weight_decay)
         if opt.optimizer_type not in ("adam", "adamw"):
-            raise ValueError(f"algorithm.optimizer.optimizer_type {opt.optimizer_type!r}: use 'adam' or 'sgd'")
+            raise ValueError(
+                f"algorithm.optimizer.optimizer_type {opt.optimizer_type!r}: use 'adam' or 'sgd'"
+            )
         # The fused kernel is faster on GPU and unavailable on some CPU builds.
         fused = self.device.type == "cuda"
         return torch.optim.AdamW(
@@ -170,13 +174,19 @@ class NativeTrainer:
         )
 
     @torch.no_grad()
-    def _infer(self, model: Any, batch: dict[str, Any], groups: list[list[int]], values: bool = False) -> torch.Tensor:
+    def _infer(
+        self, model: Any, batch: dict[str, Any], groups: list[list[int]], values: bool = False
+    ) -> torch.Tensor:
         out = torch.zeros_like(batch["action_mask"], dtype=torch.float32)
         temperature = self.config.model.temperature
         for rows in groups:
             mb = micro_batch(batch, rows)
             with self._autocast():
-                result = forward_values(model, mb) if values else forward_logprobs(model, mb, temperature=temperature)[0]
+                result = (
+                    forward_values(model, mb)
+                    if values
+                    else forward_logprobs(model, mb, temperature=temperature)[0]
+                )
             out[torch.as_tensor(rows, device=out.device)] = result.float()
         return out
 
@@ -257,7 +267,9 @@ class NativeTrainer:
             for rows, weight in zip(groups, weights):
                 mb = micro_batch(batch, rows)
                 with self._autocast():
-                    logprob, entropy = forward_logprobs(self.model, mb, temperature=temperature, entropy=entropy_mode)
+                    logprob, entropy = forward_logprobs(
+                        self.model, mb, temperature=temperature, entropy=entropy_mode
+                    )
                 if fill_old and epoch == 0:
                     mb["old_logprob"] = logprob.detach()
                     batch["old_logprob"][torch.as_tensor(rows, device=self.device)] = logprob.detach()
@@ -269,7 +281,9 @@ class NativeTrainer:
                 self.optimizer.step()
             else:
                 # veRL's rule: a non-finite gradient skips the update instead of corrupting weights.
-                logger.warning("step %d: gradient norm is %s, skipping the update", self.global_step, grad_norm)
+                logger.warning(
+                    "step %d: gradient norm is %s, skipping the update", self.global_step, grad_norm
+                )
                 self.optimizer.zero_grad(set_to_none=True)
             acc.add({"actor/grad_norm": float(grad_norm)}, 1.0)
         self.scheduler.step()
@@ -288,7 +302,9 @@ class NativeTrainer:
         out = {f"actor/{k}": v for k, v in pm.items()}
         total = loss
         if self.kl_loss_fn is not None and "ref_logprob" in mb:
-            kl_loss, km = self.kl_loss_fn.calculate_kl_loss(logprob, mb["ref_logprob"], mask, self.loss_agg_mode)
+            kl_loss, km = self.kl_loss_fn.calculate_kl_loss(
+                logprob, mb["ref_logprob"], mask, self.loss_agg_mode
+            )
             total = total + kl_loss
             out.update({f"actor/{k}": v for k, v in km.items()})
         if self.entropy_loss_fn is not None:
@@ -353,8 +369,13 @@ class NativeTrainer:
             state["critic_scheduler"] = self.critic_scheduler.state_dict()
         keep = t.max_actor_ckpt_to_keep or t.max_checkpoints_to_keep
         return ckpt.save_checkpoint(
-            self.config.job_dir, step, model=self.model, tokenizer=self.tokenizer,
-            state=state, critic=self.critic, max_to_keep=keep,
+            self.config.job_dir,
+            step,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            state=state,
+            critic=self.critic,
+            max_to_keep=keep,
         )
 
     def load_checkpoint(self, path: str | None = None) -> dict[str, Any] | None:
