@@ -71,7 +71,8 @@ def job(tmp_path_factory) -> Path:
     assert make_tasks(["arithmetic", "--out", str(root / "data"), "--train", "64", "--test", "8"]) == 0
     create_math_model(root / "model", seed=0)
     (root / "job.yaml").write_text(textwrap.dedent(CONFIG.format(root=root)))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAY_ADDRESS": ""}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env.pop("RAY_ADDRESS", None)  # a job of its own, not a cluster another test left behind
     proc = subprocess.run(
         [sys.executable, "-m", "trinity.cli", "run", "--config", str(root / "job.yaml")],
         capture_output=True,

@@ -86,22 +86,20 @@ def _init_ray(config: Config) -> Any:
     env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
     runtime_env = {"env_vars": env_vars}
     address = config.cluster.ray_address
-    if address and address != "auto":
+    if address in ("", "auto", "local") and not os.environ.get("RAY_ADDRESS"):
+        # No cluster named: start our own. Probing for "any running cluster" can latch onto a
+        # stale or dying local one (its session file outlives it), so it is opt-in.
         ray.init(
-            address=address, namespace=config.ray_namespace, runtime_env=runtime_env, log_to_driver=False
-        )
-        return ray
-    try:
-        # An existing local cluster, if one runs.
-        ray.init(address="auto", namespace=config.ray_namespace, runtime_env=runtime_env, log_to_driver=False)
-    except ConnectionError:
-        ray.init(
+            address="local",
             num_cpus=max(os.cpu_count() or 1, 2),
             namespace=config.ray_namespace,
             runtime_env=runtime_env,
             include_dashboard=False,
             log_to_driver=False,
         )
+    else:
+        target = os.environ.get("RAY_ADDRESS") if address in ("", "auto", "local") else address
+        ray.init(address=target, namespace=config.ray_namespace, runtime_env=runtime_env, log_to_driver=False)
     return ray
 
 

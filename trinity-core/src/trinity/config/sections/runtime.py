@@ -18,7 +18,9 @@ LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR")
 class ClusterConfig(Section):
     """The Ray cluster."""
 
-    ray_address: str = F("auto", "Ray address; `auto` joins a running cluster or starts a local one.")
+    ray_address: str = F(
+        "auto", "Ray address; `auto` joins the cluster in $RAY_ADDRESS, else starts a local one."
+    )
     node_num: int = F(0, "Nodes used; 0 means what Ray reports.", ge=0)
     gpu_per_node: int = F(0, "GPUs per node; 0 means what Ray reports (0 on a CPU machine).", ge=0)
 
