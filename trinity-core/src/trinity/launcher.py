@@ -107,18 +107,19 @@ def run_stage(config: Config) -> StageResult:
     """Run one stage (one resolved config) to completion."""
     from trinity.actors import ExplorerActor, TrainerActor
     from trinity.monitor import get_monitor, get_monitors
-    from trinity.sync.schedule import SyncSchedule
+    from trinity.sync import Synchronizer
 
     ray = _init_ray(config)
     job_dir = Path(config.checkpoint_job_dir)
     (job_dir / "log").mkdir(parents=True, exist_ok=True)
-    schedule = SyncSchedule.from_config(config)
+    synchronizer = Synchronizer.from_config(config.synchronizer)
+    total = total_steps(config)
     # One run per role, as Trinity-RFT logs them (the "_explorer" / "_trainer" runs).
-    monitors = {role: get_monitors(config, role, schedule.total_steps) for role in ("explorer", "trainer")}
+    monitors = {role: get_monitors(config, role, total) for role in ("explorer", "trainer")}
     if "console" not in config.monitor.monitor_types():
         # The console progress bar is always on, following the role that paces the job.
         role = "trainer" if config.mode in ("both", "train") else "explorer"
-        monitors[role].monitors.append(get_monitor("console", config, role, schedule.total_steps))
+        monitors[role].monitors.append(get_monitor("console", config, role, total))
     actors: list[Any] = []
 
     def _stop(*_: Any) -> None:
@@ -139,7 +140,7 @@ def run_stage(config: Config) -> StageResult:
             metrics = _get(ray, explorer.benchmark.remote(), "explorer benchmark")
             _log(monitors["explorer"], metrics, 0)
             return StageResult(config.name, 0, 0, None, metrics)
-        return _drive(ray, config, explorer, trainer, schedule, monitors)
+        return _drive(ray, config, explorer, trainer, synchronizer, monitors)
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
         for monitor in monitors.values():
@@ -167,13 +168,25 @@ def _log(monitor: Any, metrics: dict[str, Any], step: int) -> None:
     )
 
 
+def total_steps(config: Config) -> int | None:
+    """Steps to run: ``buffer.total_steps``, else ``trainer.total_steps``, else until the data ends."""
+    total = config.buffer.total_steps or getattr(config.trainer, "total_steps", None)
+    return int(total) if total else None
+
+
+def _eval_due(config: Config, explorer_step: int) -> bool:
+    interval = config.explorer.eval_interval
+    return bool(interval) and explorer_step > 0 and explorer_step % interval == 0
+
+
 def _drive(
-    ray: Any, config: Config, explorer: Any, trainer: Any, schedule: Any, monitors: dict[str, Any]
+    ray: Any, config: Config, explorer: Any, trainer: Any, synchronizer: Any, monitors: dict[str, Any]
 ) -> StageResult:
-    """Step explorer and trainer concurrently, syncing weights as the schedule says."""
+    """Step explorer and trainer concurrently, syncing weights as the synchronizer decides."""
     explorer_step = _get(ray, explorer.current_step.remote(), "explorer") if explorer else 0
+    explorer_version = _get(ray, explorer.model_version.remote(), "explorer") if explorer else 0
     trainer_step = _get(ray, trainer.current_step.remote(), "trainer") if trainer else 0
-    total = schedule.total_steps
+    total = total_steps(config)
     explore_ref = train_ref = None
     explorer_done = explorer is None
     trainer_done = trainer is None
@@ -184,20 +197,21 @@ def _drive(
         _log(monitors["explorer"], _get(ray, explorer.eval.remote(), "explorer eval"), 0)
 
     while not (explorer_done and trainer_done):
-        if explorer is not None and not explorer_done and explore_ref is None:
+        if not explorer_done and explore_ref is None:
             if total is not None and explorer_step >= total:
                 explorer_done = True
                 _get(ray, explorer.finish.remote(), "explorer finish")
             else:
-                version = schedule.version_before_explore(explorer_step, trainer_step)
-                if version is not None and trainer is not None:
-                    if version <= trainer_step or trainer_done:
-                        _sync(ray, config, explorer, trainer)
-                        explore_ref = explorer.explore_step.remote()
-                    # else: wait for the trainer to get there
-                else:
+                run = True
+                if trainer is not None:
+                    decision = synchronizer.explorer_decision(explorer_step, trainer_step, explorer_version)
+                    if decision.action == "sync" or (decision.action == "wait" and trainer_done):
+                        explorer_version = _sync(ray, config, explorer, trainer)
+                    elif decision.action == "wait":
+                        run = False  # until the trainer reaches decision.version
+                if run:
                     explore_ref = explorer.explore_step.remote()
-        if trainer is not None and not trainer_done and train_ref is None:
+        if not trainer_done and train_ref is None:
             if total is not None and trainer_step >= total:
                 trainer_done = True
             else:
@@ -216,12 +230,9 @@ def _drive(
                 explorer_step += 1
                 _log(monitors["explorer"], metrics, explorer_step)
                 last_metrics.update(metrics)
-                if schedule.eval_due(explorer_step):
-                    _log(
-                        monitors["explorer"],
-                        _get(ray, explorer.eval.remote(), "explorer eval"),
-                        explorer_step,
-                    )
+                if _eval_due(config, explorer_step):
+                    metrics = _get(ray, explorer.eval.remote(), "explorer eval")
+                    _log(monitors["explorer"], metrics, explorer_step)
         if train_ref is not None and train_ref in ready:
             metrics = _get(ray, train_ref, "trainer step")
             train_ref = None
@@ -235,7 +246,7 @@ def _drive(
     if trainer is not None:
         final_checkpoint = _get(ray, trainer.finish.remote(), "trainer finish")
     # Evaluate the final weights once more when the last step was not an eval step.
-    final_eval_needed = config.explorer.eval_interval and not schedule.eval_due(explorer_step)
+    final_eval_needed = config.explorer.eval_interval and not _eval_due(config, explorer_step)
     if explorer is not None and trainer is not None and final_checkpoint and final_eval_needed:
         _sync(ray, config, explorer, trainer)
         _log(monitors["explorer"], _get(ray, explorer.eval.remote(), "explorer eval"), explorer_step)
@@ -248,8 +259,8 @@ def _drive(
     return StageResult(config.name, trainer_step, explorer_step, final_checkpoint, last_metrics)
 
 
-def _sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> None:
-    """Move the trainer's current weights to the explorer; their version is the trainer step.
+def _sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> int:
+    """Move the trainer's current weights to the explorer; returns their version (trainer step).
 
     Calls on one actor run in submission order, so the weights are those after every train
     step submitted so far (never a half-updated model).
@@ -257,12 +268,11 @@ def _sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> None:
     method = config.synchronizer.sync_method
     if method == "checkpoint":
         path_and_version = trainer.save_weights.remote()
-        _get(ray, explorer.load_checkpoint.remote(path_and_version), "explorer checkpoint sync")
+        return _get(ray, explorer.load_checkpoint.remote(path_and_version), "explorer checkpoint sync")
     elif method == "memory":
         weights_and_version = trainer.get_weights.remote()
         # Passing the ref inside a list keeps Ray from materialising it in the driver.
-        _get(ray, explorer.update_weights.remote([weights_and_version]), "explorer weight sync")
-    else:
-        raise JobFailed(
-            f"synchronizer.sync_method {method!r} needs GPUs with vLLM (nccl); use 'memory' or 'checkpoint' on CPU"
-        )
+        return _get(ray, explorer.update_weights.remote([weights_and_version]), "explorer weight sync")
+    raise JobFailed(
+        f"synchronizer.sync_method {method!r} needs GPUs with vLLM (nccl); use 'memory' or 'checkpoint' on CPU"
+    )
