@@ -58,7 +58,7 @@ explorer:
   rollout_model: {{engine_type: transformers, engine_num: 1, dtype: float32, seed: 1}}
 synchronizer: {{sync_method: memory, sync_interval: 2, sync_offset: 1}}
 trainer: {{trainer_type: native, save_interval: 2, dtype: float32}}
-monitor: {{monitor_type: tensorboard}}
+monitor: {{monitor_type: tensorboard, enable_ray_timeline: true}}
 """
 
 
@@ -118,7 +118,12 @@ def test_explorer_received_new_weights_and_nothing_was_lost(job):
     assert all(count == consumed for count, consumed in versions.values())
 
 
-def test_tensorboard_events_written(job):
-    tb = job / "ckpt" / "e2e" / "grpo" / "monitor" / "tensorboard"
+def test_tensorboard_events_and_ray_timeline_written(job):
+    import json
+
+    monitor = job / "ckpt" / "e2e" / "grpo" / "monitor"
+    events = json.loads((monitor / "timeline.json").read_text())
+    assert any("train_step" in e.get("name", "") for e in events), "no trainer calls in the Ray timeline"
+    tb = monitor / "tensorboard"
     for role in ("explorer", "trainer"):
         assert list((tb / role).glob("events.out.tfevents.*")), f"no tensorboard events for {role}"

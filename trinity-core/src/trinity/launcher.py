@@ -143,6 +143,11 @@ def run_stage(config: Config) -> StageResult:
         return _drive(ray, config, explorer, trainer, synchronizer, monitors)
     finally:
         signal.signal(signal.SIGTERM, previous_handler)
+        if config.monitor.enable_ray_timeline:
+            # Chrome-trace view of every actor call (chrome://tracing), as Trinity-RFT exports it.
+            with contextlib.suppress(Exception):
+                (job_dir / "monitor").mkdir(parents=True, exist_ok=True)
+                ray.timeline(filename=str(job_dir / "monitor" / "timeline.json"))
         for monitor in monitors.values():
             monitor.close()
         for actor in actors:

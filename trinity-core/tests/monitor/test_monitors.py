@@ -78,7 +78,7 @@ def test_wandb_offline(tmp_path):
 @pytest.mark.skipif(
     importlib.util.find_spec("mlflow") is None, reason="mlflow not installed (extra trinity-core[mlflow])"
 )
-def test_mlflow_file_store(tmp_path):
+def test_mlflow_local_store(tmp_path):
     import mlflow
 
     monitor = get_monitors(_config(tmp_path, "mlflow"), role="trainer")

@@ -1,5 +1,5 @@
 """MLflow monitor (extra ``trinity-core[mlflow]``); without ``monitor_args.uri`` it writes a
-file store under ``<job_dir>/monitor/mlruns``."""
+SQLite store at ``<job_dir>/monitor/mlflow.db``."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ class MlflowMonitor(Monitor):
                 "monitor_type 'mlflow' needs the mlflow package: pip install 'trinity-core[mlflow]'"
             ) from None
         args = dict(monitor_args or {})
-        uri = args.get("uri") or "file:" + os.path.abspath(os.path.join(log_dir or ".", "mlruns"))
+        # Without a server, a local SQLite store (MLflow 3 retired the plain file store).
+        default_db = os.path.abspath(os.path.join(log_dir or ".", "mlflow.db"))
+        uri = args.get("uri") or f"sqlite:///{default_db}"
         self._client = mlflow.MlflowClient(tracking_uri=uri)
         experiment = self._client.get_experiment_by_name(project)
         experiment_id = experiment.experiment_id if experiment else self._client.create_experiment(project)

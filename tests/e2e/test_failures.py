@@ -1,0 +1,140 @@
+"""End to end: a job stops cleanly — clear message, non-zero exit, no Ray processes left behind —
+when an actor dies mid-run and when the user presses Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CONFIG = """
+project: e2e
+name: {name}
+checkpoint_root_dir: {root}/ckpt
+algorithm: {{algorithm_type: grpo, repeat_times: 2}}
+model: {{model_path: {root}/model, max_prompt_tokens: 128, max_response_tokens: 8}}
+buffer:
+  total_steps: {steps}
+  batch_size: 2
+  explorer_input:
+    taskset:
+      name: arith
+      storage_type: file
+      path: {root}/data
+      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
+    default_workflow_type: {workflow}
+    default_reward_fn_type: math_reward
+  trainer_input:
+    experience_buffer: {{name: exp, storage_type: sql, path: "sqlite:///{root}/{name}.db"}}
+explorer:
+  max_retry_times: 0
+  rollout_model: {{engine_type: transformers, dtype: float32}}
+trainer: {{trainer_type: native, save_interval: 0, dtype: float32}}
+"""
+
+# A workflow that kills its whole process: the explorer actor dies, not just a task.
+DYING_PLUGIN = """
+import os
+from trinity import hookimpl
+from trinity.workflow import Workflow
+
+class DyingWorkflow(Workflow):
+    def run(self):
+        os._exit(13)
+
+@hookimpl
+def register_workflows(register):
+    register("dying_workflow", DyingWorkflow)
+"""
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    from trinity_math.tasks import main as make_tasks
+    from trinity_math.tiny import create_math_model
+
+    root = tmp_path_factory.mktemp("failures")
+    assert (
+        make_tasks(
+            ["arithmetic", "--out", str(root / "data"), "--train", "200", "--test", "4", "--difficulty", "3"]
+        )
+        == 0
+    )
+    create_math_model(root / "model", seed=0)
+    (root / "plugins").mkdir()
+    (root / "plugins" / "dying.py").write_text(DYING_PLUGIN)
+    return root
+
+
+def _ray_pids() -> set[int]:
+    out = subprocess.run(["pgrep", "-f", "raylet|gcs_server"], capture_output=True, text=True).stdout
+    return {int(p) for p in out.split()}
+
+
+def _start(root: Path, name: str, workflow: str, steps: int) -> subprocess.Popen:
+    config = root / f"{name}.yaml"
+    config.write_text(textwrap.dedent(CONFIG.format(root=root, name=name, workflow=workflow, steps=steps)))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trinity.cli",
+            "run",
+            "--config",
+            str(config),
+            "--plugin-dir",
+            str(root / "plugins"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def _wait_gone(before: set[int], seconds: float = 20) -> set[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = _ray_pids() - before
+        if not left:
+            return left
+        time.sleep(0.5)
+    return _ray_pids() - before
+
+
+def test_dead_actor_fails_the_job_cleanly(root):
+    before = _ray_pids()
+    proc = _start(root, "dying", "dying_workflow", steps=3)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out[-3000:]
+    assert "job failed: explorer step: an actor died" in out
+    assert "Traceback" not in out
+    assert not _wait_gone(before), "Ray processes were left running"
+
+
+def test_ctrl_c_stops_the_job_cleanly(root):
+    before = _ray_pids()
+    proc = _start(root, "interrupted", "math_workflow", steps=1000)
+    # Wait until training is under way, then press Ctrl-C.
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "[trainer] step 1/" in line:
+            break
+    else:
+        pytest.fail("the job ended before its first step: " + "".join(lines)[-3000:])
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(lines)[-2000:] + out[-2000:]
+    assert "interrupted" in out
+    assert not _wait_gone(before), "Ray processes were left running"
