@@ -107,6 +107,7 @@ def run_stage(config: Config) -> StageResult:
     """Run one stage (one resolved config) to completion."""
     from trinity.actors import ExplorerActor, TrainerActor
     from trinity.monitor import get_monitor, get_monitors
+    from trinity.placement import actor_resources
     from trinity.sync import Synchronizer
 
     ray = _init_ray(config)
@@ -128,11 +129,14 @@ def run_stage(config: Config) -> StageResult:
     previous_handler = signal.signal(signal.SIGTERM, _stop)
     try:
         explorer = trainer = None
+        resources = actor_resources(config, ray.cluster_resources().get("GPU", 0))
         if config.mode in ("both", "explore", "bench"):
-            explorer = ExplorerActor.options(name=config.explorer.name, num_cpus=1).remote(config)
+            explorer = ExplorerActor.options(name=config.explorer.name, **resources["explorer"]).remote(
+                config
+            )
             actors.append(explorer)
         if config.mode in ("both", "train"):
-            trainer = TrainerActor.options(name=config.trainer.name, num_cpus=1).remote(config)
+            trainer = TrainerActor.options(name=config.trainer.name, **resources["trainer"]).remote(config)
             actors.append(trainer)
         # Construction errors surface here, with the actor named.
         _get(ray, [a.ready.remote() for a in actors], "starting actors")
