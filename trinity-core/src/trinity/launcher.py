@@ -109,7 +109,17 @@ def run_stage(config: Config) -> StageResult:
     from trinity.monitor import get_monitor, get_monitors
     from trinity.placement import actor_resources
     from trinity.sync import Synchronizer
+    from trinity.trainer.checkpoint import apply_continue_rule
 
+    renamed = apply_continue_rule(config)
+    if renamed is not config:
+        # Trinity-RFT's rule: without continue_from_checkpoint an existing run is never overwritten.
+        print(
+            f"[trinity] {config.job_dir} exists and continue_from_checkpoint is false: "
+            f"running as {renamed.name!r}",
+            flush=True,
+        )
+        config = renamed
     ray = _init_ray(config)
     job_dir = Path(config.checkpoint_job_dir)
     (job_dir / "log").mkdir(parents=True, exist_ok=True)
