@@ -114,18 +114,3 @@ def test_openai_api_over_raw_http(engine):
         assert err.value.code == 400
     finally:
         model.close()
-
-
-def test_get_openai_client_names_the_package_when_missing(engine):
-    model = ModelWrapper(engine)
-    try:
-        try:
-            import openai  # noqa: F401
-        except ImportError:
-            with pytest.raises(ImportError, match="pip install openai"):
-                model.get_openai_client()
-        else:
-            client = model.get_openai_client()
-            assert str(client.base_url).startswith("http://127.0.0.1:")
-    finally:
-        model.close()

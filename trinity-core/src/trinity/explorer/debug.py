@@ -54,7 +54,7 @@ def debug(
     from trinity.buffer.taskset import TasksetError
     from trinity.config import ConfigError, load_config
     from trinity.explorer.engines import create_engines
-    from trinity.explorer.model_wrapper import ModelWrapper
+    from trinity.explorer.model_wrapper import model_wrappers_for
     from trinity.explorer.runner import WorkflowRunner, task_id
     from trinity.plugins import add_plugin_dirs
 
@@ -74,9 +74,13 @@ def debug(
 
     rollout = config.explorer.rollout_model.model_copy(update={"engine_num": 1})
     click.echo(f"loading {rollout.model_path} ({rollout.engine_type} engine) ...")
-    [engine] = create_engines(rollout)
-    model = ModelWrapper(engine, enable_history=rollout.enable_history)
-    runner = WorkflowRunner(model, max_timeout=config.explorer.max_timeout, max_retry_times=0)
+    [model] = model_wrappers_for(rollout, create_engines(rollout), name="rollout")
+    auxiliary = []  # one engine per auxiliary model (a judge, ...), as the workflow sees them
+    for i, aux in enumerate(config.explorer.auxiliary_models):
+        aux = aux.model_copy(update={"engine_num": 1})
+        click.echo(f"loading auxiliary model {aux.model_path} ({aux.engine_type} engine) ...")
+        auxiliary += model_wrappers_for(aux, create_engines(aux), name=aux.name or f"auxiliary_{i}")
+    runner = WorkflowRunner(model, auxiliary, max_timeout=config.explorer.max_timeout, max_retry_times=0)
 
     written = failed = 0
     out = Path(output_file).open("w") if output_file else None  # noqa: SIM115 - closed in finally
@@ -99,7 +103,8 @@ def debug(
     finally:
         if out is not None:
             out.close()
-        model.close()
+        for wrapper in [model, *auxiliary]:
+            wrapper.close()
     if output_file:
         click.echo(f"wrote {written} experience(s) to {output_file}")
     if failed:

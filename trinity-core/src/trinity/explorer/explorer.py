@@ -105,7 +105,8 @@ class Explorer:
         config: a resolved :class:`~trinity.config.Config`.
         engines: rollout engines to use instead of creating them from
             ``explorer.rollout_model`` (tests, or engines living in other actors).
-        auxiliary_engines: likewise for ``explorer.auxiliary_models``.
+        auxiliary_engines: likewise for ``explorer.auxiliary_models`` (``engine_num`` engines
+            per configured model, in config order).
         writer: experience writer instead of the one from ``buffer.trainer_input``.
         taskset_reader: training task source (``read_batch()``) instead of the configured one.
     """
@@ -120,24 +121,34 @@ class Explorer:
         taskset_reader: Any = None,
     ) -> None:
         from trinity.explorer.engines import create_engines
-        from trinity.explorer.model_wrapper import ModelWrapper
+        from trinity.explorer.model_wrapper import model_wrappers_for
 
         self.config = config
         ex = config.explorer
         self.engines = engines if engines is not None else create_engines(ex.rollout_model)
+        aux_configs = ex.auxiliary_models
         if auxiliary_engines is None:
-            auxiliary_engines = [e for aux in ex.auxiliary_models for e in create_engines(aux)]
-        self.auxiliary_engines = auxiliary_engines
-        history = ex.rollout_model.enable_history
-        self.models = [ModelWrapper(e, enable_history=history) for e in self.engines]
-        aux_names = [a.name or f"auxiliary_{i}" for i, a in enumerate(ex.auxiliary_models)]
-        self.auxiliary_models = [
-            ModelWrapper(e, name=aux_names[i] if i < len(aux_names) else f"auxiliary_{i}")
-            for i, e in enumerate(auxiliary_engines)
+            aux_groups = [create_engines(aux) for aux in aux_configs]
+        else:
+            aux_groups = _group_by_config(auxiliary_engines, aux_configs)
+        self.auxiliary_engines = [e for group in aux_groups for e in group]
+        # One wrapper per runner (sharing the engine): a wrapper's history and OpenAI server
+        # then belong to one workflow at a time, never to two tasks running concurrently.
+        per_engine = ex.runner_per_model
+        runners = len(self.engines) * per_engine
+        self.models = model_wrappers_for(
+            ex.rollout_model, [e for e in self.engines for _ in range(per_engine)], name="rollout"
+        )
+        self.auxiliary_model_groups = [
+            model_wrappers_for(
+                aux, [group[k % len(group)] for k in range(runners)], name=aux.name or f"auxiliary_{i}"
+            )
+            for i, (aux, group) in enumerate(zip(aux_configs, aux_groups))
         ]
+        self.auxiliary_models = [m for group in self.auxiliary_model_groups for m in group]
         self.pool = RunnerPool(
-            self.models,
-            auxiliary_models=self.auxiliary_models,
+            [self.models[i * per_engine : (i + 1) * per_engine] for i in range(len(self.engines))],
+            auxiliary_models=self.auxiliary_model_groups,
             runner_per_model=ex.runner_per_model,
             max_timeout=ex.max_timeout,
             max_retry_times=ex.max_retry_times,
@@ -315,6 +326,21 @@ class Explorer:
             model.close()
         for engine in [*self.engines, *self.auxiliary_engines]:
             engine.shutdown()
+
+
+def _group_by_config(engines: list[RolloutEngine], configs: list[Any]) -> list[list[RolloutEngine]]:
+    """Split a flat list of auxiliary engines into ``engine_num``-sized groups, one per config."""
+    expected = sum(c.engine_num for c in configs)
+    if len(engines) != expected:
+        raise ValueError(
+            f"Explorer got {len(engines)} auxiliary engine(s) but explorer.auxiliary_models configures "
+            f"{expected} (the sum of their engine_num)"
+        )
+    groups, start = [], 0
+    for c in configs:
+        groups.append(list(engines[start : start + c.engine_num]))
+        start += c.engine_num
+    return groups
 
 
 def _hf_subdir(path: Path) -> str:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from trinity.config.sections.explorer import InferenceModelConfig
     from trinity.experience import Experience
     from trinity.explorer.engines.base import RolloutEngine
     from trinity.explorer.openai_server import OpenAIServer
@@ -27,12 +28,28 @@ class ModelWrapper:
         engine: the :class:`~trinity.explorer.engines.base.RolloutEngine` serving requests.
         enable_history: record every returned Experience (see :meth:`extract_experience_from_history`).
         name: shown in logs and as the model id of the OpenAI API.
+        model_path: the served model's path (``model_path`` attribute, as in Trinity-RFT).
+        api_key: key the OpenAI API requires as ``Authorization: Bearer <key>``
+            (``"EMPTY"``: none, the server being reachable from this machine only).
+        port: port of the OpenAI API (``None``: any free port).
     """
 
-    def __init__(self, engine: RolloutEngine, *, enable_history: bool = False, name: str = "rollout") -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        *,
+        enable_history: bool = False,
+        name: str = "rollout",
+        model_path: str | None = None,
+        api_key: str = "EMPTY",
+        port: int | None = None,
+    ) -> None:
         self.engine = engine
         self.enable_history = enable_history
         self.name = name
+        self.model_path = model_path
+        self.api_key = api_key
+        self.port = port
         self._history: list[Experience] = []
         self._lock = threading.Lock()
         self._server: OpenAIServer | None = None
@@ -128,28 +145,55 @@ class ModelWrapper:
 
     # -- OpenAI API ------------------------------------------------------------------------
 
-    @property
-    def openai_base_url(self) -> str:
-        """``http://127.0.0.1:<port>/v1`` of the OpenAI-compatible server (started on first use)."""
+    def start_openai_server(self) -> str:
+        """Start the OpenAI-compatible server if it is not running; returns its base URL.
+
+        The explorer calls this at startup when ``enable_openai_api`` is set; otherwise the
+        server starts the first time a workflow asks for the URL or a client.
+        """
         with self._lock:
             if self._server is None:
                 from trinity.explorer.openai_server import OpenAIServer
 
-                self._server = OpenAIServer(self)
+                self._server = OpenAIServer(self, port=self.port or 0)
                 self._server.start()
-        return self._server.base_url
+            return self._server.base_url
 
-    def get_openai_client(self) -> Any:
-        """An ``openai.OpenAI`` client talking to this engine through a local server bound to
-        127.0.0.1 (calls are recorded in the history when ``enable_history`` is on)."""
+    @property
+    def openai_base_url(self) -> str:
+        """``http://127.0.0.1:<port>/v1`` of the OpenAI-compatible server (started on first use)."""
+        return self.start_openai_server()
+
+    @property
+    def base_url(self) -> str:
+        """Same as :attr:`openai_base_url` (Trinity-RFT's name)."""
+        return self.openai_base_url
+
+    @property
+    def model_name(self) -> str:
+        """The model id the OpenAI API reports (any id is accepted in requests)."""
+        return self.name
+
+    def _openai_module(self, what: str) -> Any:
         try:
             import openai
         except ImportError:
             raise ImportError(
-                "get_openai_client() needs the openai package: pip install openai "
+                f"{what}() needs the openai package: pip install openai "
                 f"(or send HTTP requests to {self.openai_base_url}/chat/completions yourself)"
             ) from None
-        return openai.OpenAI(base_url=self.openai_base_url, api_key="EMPTY")
+        return openai
+
+    def get_openai_client(self) -> Any:
+        """An ``openai.OpenAI`` client talking to this engine through a local server bound to
+        127.0.0.1 (calls are recorded in the history when ``enable_history`` is on)."""
+        openai = self._openai_module("get_openai_client")
+        return openai.OpenAI(base_url=self.openai_base_url, api_key=self.api_key)
+
+    def get_openai_async_client(self) -> Any:
+        """An ``openai.AsyncOpenAI`` client for the same server (for ``run_async`` workflows)."""
+        openai = self._openai_module("get_openai_async_client")
+        return openai.AsyncOpenAI(base_url=self.openai_base_url, api_key=self.api_key)
 
     def close(self) -> None:
         """Stop the OpenAI server if one was started."""
@@ -157,6 +201,39 @@ class ModelWrapper:
             if self._server is not None:
                 self._server.stop()
                 self._server = None
+
+
+def model_wrappers_for(
+    config: InferenceModelConfig, engines: list[RolloutEngine], *, name: str
+) -> list[ModelWrapper]:
+    """One wrapper per item of ``engines`` (an engine may appear several times: one wrapper per
+    workflow runner), configured from an ``explorer.rollout_model`` / ``auxiliary_models`` entry.
+
+    With ``enable_openai_api`` each wrapper's OpenAI server starts now, wrapper ``i`` on
+    ``base_port + i`` when ``base_port`` is set, so the URLs are fixed before any workflow runs.
+    """
+    wrappers: list[ModelWrapper] = []
+    for i, engine in enumerate(engines):
+        wrapper = ModelWrapper(
+            engine,
+            enable_history=config.enable_history,
+            name=name,
+            model_path=config.model_path,
+            api_key=config.api_key,
+            port=None if config.base_port is None else config.base_port + i,
+        )
+        if config.enable_openai_api:
+            try:
+                wrapper.start_openai_server()
+            except OSError as exc:
+                for started in wrappers:
+                    started.close()
+                raise OSError(
+                    f"cannot start the OpenAI API of model {name!r} on 127.0.0.1:{wrapper.port}: "
+                    f"{exc.strerror or exc}; choose another base_port (or leave it unset for free ports)"
+                ) from exc
+        wrappers.append(wrapper)
+    return wrappers
 
 
 def assistant_token_mask(

@@ -9,6 +9,9 @@ interface: it has no authentication) and serves, from a background thread:
   no streaming, no tools.
 - ``GET /v1/models``.
 
+When the model wrapper has an ``api_key`` other than ``"EMPTY"``, requests must carry
+``Authorization: Bearer <api_key>`` (what ``openai.OpenAI(api_key=...)`` sends).
+
 It uses the standard library only: the traffic is one workflow's own requests.
 """
 
@@ -121,13 +124,31 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
         self._send(status, {"error": {"message": message, "type": kind}})
 
+    def _authorized(self) -> bool:
+        key = self.server_model.api_key
+        if not key or key == "EMPTY":
+            return True
+        if self.headers.get("Authorization", "") == f"Bearer {key}":
+            return True
+        self._error(
+            401,
+            "missing or wrong API key: send 'Authorization: Bearer <key>' with the api_key of "
+            "explorer.rollout_model (or of the auxiliary model)",
+            "authentication_error",
+        )
+        return False
+
     def do_GET(self) -> None:
+        if not self._authorized():
+            return
         if self.path.rstrip("/") == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": self.server_model.name, "object": "model"}]})
         else:
             self._error(404, f"no route GET {self.path}")
 
     def do_POST(self) -> None:
+        if not self._authorized():
+            return
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._error(404, f"no route POST {self.path}; this server offers /v1/chat/completions")
             return

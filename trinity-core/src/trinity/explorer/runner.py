@@ -181,6 +181,11 @@ class WorkflowRunner:
 class RunnerPool:
     """``runner_per_model`` runners for each model, fed from one queue of tasks.
 
+    ``models[i]`` is engine ``i``'s model, or a list of models for it of which runner ``j`` of
+    that engine gets item ``j % len`` (per-runner wrappers keep each runner's history apart).
+    ``auxiliary_models`` has one entry per ``explorer.auxiliary_models`` item: a model, or a
+    list of which runner ``k`` (counted over all engines) gets item ``k % len``. Every workflow
+    thus sees one auxiliary model per configured item, in config order, as in Trinity-RFT.
     ``env_vars`` are set in this process's environment when the pool is created (the explorer
     process hosts the workflows).
     """
@@ -198,17 +203,21 @@ class RunnerPool:
         if not models:
             raise ValueError("RunnerPool needs at least one rollout model")
         os.environ.update({str(k): str(v) for k, v in (env_vars or {}).items()})
-        self.runners = [
-            WorkflowRunner(
-                model,
-                auxiliary_models,
-                max_timeout=max_timeout,
-                max_retry_times=max_retry_times,
-                runner_id=i * runner_per_model + j,
-            )
-            for i, model in enumerate(models)
-            for j in range(runner_per_model)
-        ]
+        engines = [_as_list(m, "rollout model") for m in models]
+        groups = [_as_list(g, "auxiliary model") for g in (auxiliary_models or [])]
+        self.runners = []
+        for i, copies in enumerate(engines):
+            for j in range(runner_per_model):
+                k = i * runner_per_model + j
+                self.runners.append(
+                    WorkflowRunner(
+                        copies[j % len(copies)],
+                        [g[k % len(g)] for g in groups],
+                        max_timeout=max_timeout,
+                        max_retry_times=max_retry_times,
+                        runner_id=k,
+                    )
+                )
 
     async def run_tasks_async(self, tasks: list[Task]) -> list[TaskResult]:
         """Run every task; results are in the order of ``tasks``."""
@@ -228,6 +237,13 @@ class RunnerPool:
     def run_tasks(self, tasks: list[Task]) -> list[TaskResult]:
         """Blocking :meth:`run_tasks_async` (not from inside a running event loop)."""
         return asyncio.run(self.run_tasks_async(tasks))
+
+
+def _as_list(entry: Any, what: str) -> list[Any]:
+    items = entry if isinstance(entry, list) else [entry]
+    if not items:
+        raise ValueError(f"RunnerPool: a {what} entry is an empty list")
+    return items
 
 
 def summarize_results(results: list[TaskResult], prefix: str = "rollout") -> dict[str, float]:

@@ -57,10 +57,17 @@ class InferenceModelConfig(Section):
     enable_history: bool = F(
         False, "Record every call's experiences in the model wrapper (extract them regularly)."
     )
-    enable_openai_api: bool = F(False, "Expose an OpenAI-compatible API to workflows.")
+    enable_openai_api: bool = F(
+        False,
+        "Start an OpenAI-compatible API (on 127.0.0.1, one per workflow runner) with the engines; "
+        "without it a runner's API starts when its workflow first asks for `get_openai_client()` "
+        "or `base_url`.",
+    )
     enable_log_requests: bool = F(False, "Log API requests (vLLM API server).")
-    base_port: int | None = F(None, "First port of the OpenAI API servers.")
-    api_key: str = F("EMPTY", "API key of the OpenAI API servers.")
+    base_port: int | None = F(
+        None, "First port of the OpenAI API servers (runner k listens on base_port + k); unset: free ports."
+    )
+    api_key: str = F("EMPTY", "API key the OpenAI API servers require as a Bearer token (`EMPTY`: none).")
     enable_auto_tool_choice: bool = F(False, "Let the API choose tools automatically.")
     tool_call_parser: str | None = F(None, "Tool-call parser of the API server.")
     reasoning_parser: str | None = F(None, "Reasoning parser of the API server.")
