@@ -76,3 +76,18 @@ def vllm_api(session: nox.Session) -> None:
     session.install("--no-deps", "-e", "trinity-core")
     session.install("pluggy>=1.3")
     session.run("python", ".ci/check_vllm_api.py")
+
+
+@nox.session(python=PYTHON)
+def verl_api(session: nox.Session) -> None:
+    """Optional: install veRL here (CPU; nothing is started, no GPU needed), build a real
+    ``DataProto`` from our conversion and check every veRL name, method, argument and config key
+    the ``verl`` trainer back-end uses. Pass a version with ``nox -s verl_api -- verl==0.9.1``."""
+    session.install(TORCH_SPEC)
+    # The pinned CPU torch stays: veRL asks for an unpinned torch, which would pull a CUDA build.
+    session.install(*(session.posargs or ["verl"]), TORCH_SPEC)
+    # veRL's worker modules import fastapi (for its rollout servers) without depending on it.
+    session.install("fastapi")
+    session.install("-e", "trinity-core[dev]", "-e", "trinity-plugins-algos", TORCH_SPEC)
+    session.run("python", ".ci/check_verl_api.py")
+    session.run("pytest", "-q", "-p", "no:cacheprovider", "trinity-core/tests/trainer/test_verl_api.py")

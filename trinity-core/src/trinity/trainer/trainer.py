@@ -25,10 +25,17 @@ def _build_backend(config: Config) -> Any:
 
         return NativeTrainer(config)
     if kind == "verl":
-        raise RuntimeError(
-            "trainer.trainer_type 'verl' needs the veRL back-end on GPUs (pip install 'trinity-core[verl]'), "
-            "which this installation does not provide; use trainer_type: native"
-        )
+        import importlib.util
+
+        # Checked first so a missing extra reads as what to install, not as a deep ImportError.
+        if importlib.util.find_spec("verl") is None:
+            raise RuntimeError(
+                "trainer.trainer_type 'verl' needs veRL, which is not installed: "
+                "pip install 'trinity-core[verl]' (GPUs required), or use trainer_type: native"
+            )
+        from trinity.trainer.verl.trainer import VerlTrainer
+
+        return VerlTrainer(config)
     raise ValueError(f"trainer.trainer_type {kind!r}: use native or verl")
 
 

@@ -1,0 +1,363 @@
+"""``VerlTrainer``: the veRL back-end (``trainer.trainer_type: verl``), GPU only.
+
+Same interface as :class:`~trinity.trainer.native.NativeTrainer` (``train_step``,
+``state_dict``, ``save_checkpoint``, ``load_checkpoint``, ``global_step``, ``tokenizer``), same
+algorithm: one step is
+
+1. experiences → our padded batch (:func:`~trinity.trainer.verl.dataproto.build_verl_batch`);
+2. on veRL's FSDP worker groups: reference log-probs (``compute_ref_log_prob``), critic values
+   (``infer_batch``), old log-probs (``compute_log_prob``, unless ``trainer.use_rollout_logprobs``);
+3. here, on the driver: our KL penalty and our ``AdvantageFn`` on those tensors, exactly as the
+   native trainer applies them;
+4. on the workers: critic update (``train_mini_batch`` with veRL's value loss), then the actor
+   update (``update_actor``) whose loss is our :class:`~trinity.trainer.verl.loss.ActorLoss`.
+
+The workers run where veRL puts them: one Ray worker per trainer GPU (``trainer_gpu_split``),
+the actor, reference model and critic colocated in each, driven from the Trainer actor.
+Checkpoints follow our layout (``<job_dir>/global_step_N/``, ``trainer_state.pt`` written last)
+with veRL's sharded state in ``actor/`` and ``critic/`` and the Hugging Face weights veRL exports
+linked into the step folder, so ``from_pretrained(global_step_N)`` works as with the native one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from trinity.trainer import checkpoint as ckpt
+from trinity.trainer.verl.config import build_verl_config, total_training_steps
+from trinity.trainer.verl.dataproto import batch_to_dataproto, build_verl_batch, pad_rows
+from trinity.trainer.verl.loss import ActorLoss
+
+if TYPE_CHECKING:
+    import torch
+
+    from trinity.config import Config
+    from trinity.experience import Experience
+
+logger = logging.getLogger(__name__)
+
+_OFF = (None, "none")
+HF_SUBDIR = os.path.join("actor", "huggingface")
+
+
+def full_verl_config(translated: dict[str, Any]) -> Any:
+    """``translated`` laid over veRL's own complete defaults (its generated PPO trainer YAML)."""
+    import verl
+    from omegaconf import OmegaConf
+
+    path = os.path.join(os.path.dirname(verl.__file__), "trainer", "config", "_generated_ppo_trainer.yaml")
+    return OmegaConf.merge(OmegaConf.load(path), OmegaConf.create(translated))
+
+
+def cluster_size(config: Config) -> tuple[int, int]:
+    """``(node_num, gpu_per_node)`` from the config, or what Ray reports where the config says 0."""
+    import ray
+
+    nodes, per_node = config.cluster.node_num, config.cluster.gpu_per_node
+    if nodes and per_node:
+        return nodes, per_node
+    gpu_nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0]
+    if not gpu_nodes:
+        raise RuntimeError("trainer.trainer_type 'verl' needs GPUs, and the Ray cluster reports none")
+    return nodes or len(gpu_nodes), per_node or int(gpu_nodes[0]["Resources"]["GPU"])
+
+
+def _mean(value: Any) -> float:
+    if isinstance(value, (list, tuple)):
+        flat = [float(v) for v in value if v is not None]
+        return sum(flat) / len(flat) if flat else 0.0
+    return float(value)
+
+
+def _result(output: Any) -> Any:
+    """A worker call's TensorDict; non-blocking calls return a future to wait on first."""
+    from tensordict import TensorDictBase
+
+    return output if isinstance(output, TensorDictBase) else output.get()
+
+
+def _metrics(output: Any, prefix: str) -> dict[str, float]:
+    from verl.utils import tensordict_utils as tu
+
+    raw = tu.get(_result(output), "metrics") or {}
+    # Our loss names carry no prefix; veRL's perf/… names keep theirs.
+    return {(k if "/" in k else f"{prefix}/{k}"): _mean(v) for k, v in raw.items()}
+
+
+class VerlTrainer:
+    """Trains ``config.model.model_path`` with ``config.algorithm`` on veRL's FSDP workers.
+
+    Args:
+        config: a resolved :class:`~trinity.config.Config` with ``trainer.trainer_type: verl``.
+        total_steps: training steps for warm-up ratios and the cosine schedule (as NativeTrainer).
+    """
+
+    def __init__(self, config: Config, *, total_steps: int | None = None) -> None:
+        import ray
+        from transformers import AutoTokenizer
+        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+        from verl.single_controller.ray.base import create_colocated_worker_cls
+        from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+
+        from trinity.plugins import get_component
+        from trinity.trainer.verl.workers import TrinityActorWorker
+
+        self.config = config
+        algo = config.algorithm
+        self.algorithm_type = get_component("algorithm_type", algo.algorithm_type)
+        if self.algorithm_type.schema == "dpo":
+            raise ValueError(
+                f"algorithm {algo.algorithm_type!r} trains DPO pairs, which the veRL trainer does not support "
+                "(its dynamic batching may split a pair); use trainer.trainer_type: native"
+            )
+        self.advantage_fn = self._component("advantage_fn", "advantage_fn")
+        self.kl_penalty_fn = self._component("kl_penalty_fn", "kl_fn")
+        self.actor_loss = ActorLoss.from_config(config)
+        needs_ref = "ref_logprob" in self.actor_loss.components()["policy_loss_fn"].required_tensors()
+        self.use_ref = self.algorithm_type.use_reference and (
+            needs_ref or algo.kl_loss_fn not in _OFF or self.kl_penalty_fn is not None
+        )
+        self.use_critic = bool(self.algorithm_type.use_critic)
+
+        node_num, gpu_per_node = cluster_size(config)
+        translated = build_verl_config(config, node_num=node_num, gpu_per_node=gpu_per_node)
+        steps = total_steps or total_training_steps(config)
+        if steps:
+            for section in (translated["actor_rollout_ref"]["actor"], translated["critic"]):
+                section.setdefault("optim", {})["total_training_steps"] = steps
+        self.verl_config = cfg = full_verl_config(translated)
+        self.world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+        model_path = config.model.model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
+        self.pad_token_id = self.tokenizer.pad_token_id or 0
+
+        pool = RayResourcePool(
+            process_on_nodes=[cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
+            use_gpu=True,
+            name_prefix=f"{config.trainer.name}_verl",
+        )
+        class_dict = {
+            "actor": RayClassWithInitArgs(
+                cls=ray.remote(TrinityActorWorker), config=cfg.actor_rollout_ref, role="actor"
+            )
+        }
+        if self.use_ref:
+            class_dict["ref"] = RayClassWithInitArgs(
+                cls=ray.remote(ActorRolloutRefWorker), config=cfg.actor_rollout_ref, role="ref"
+            )
+        critic_cfg = None
+        if self.use_critic:
+            critic_cfg, training_cfg = self._critic_configs(cfg)
+            class_dict["critic"] = RayClassWithInitArgs(cls=ray.remote(TrainingWorker), config=training_cfg)
+        group = RayWorkerGroup(
+            resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(class_dict), device_name="cuda"
+        )
+        self.workers = group.spawn(prefix_set=list(class_dict))
+        if critic_cfg is not None:
+            from verl.workers.utils.losses import value_loss
+
+            self.workers["critic"].reset()
+            self.workers["critic"].set_loss_fn(partial(value_loss, config=critic_cfg))
+        if self.use_ref:
+            self.workers["ref"].init_model()
+        self.workers["actor"].init_model()
+        # veRL's actor installs its own PPO loss in init_model; ours replaces it.
+        self.workers["actor"].set_loss_fn(self.actor_loss)
+        self.global_step = 0
+
+    def _component(self, key: str, kind: str) -> Any:
+        from trinity.plugins import get_component
+
+        name = getattr(self.config.algorithm, key)
+        if name in _OFF:
+            return None
+        return get_component(kind, name)(**(getattr(self.config.algorithm, f"{key}_args") or {}))
+
+    @staticmethod
+    def _critic_configs(cfg: Any) -> tuple[Any, Any]:
+        """veRL's critic dataclass and the training-worker config built from it (as veRL's trainer)."""
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import CriticConfig, TrainingWorkerConfig
+
+        critic: CriticConfig = omega_conf_to_dataclass(cfg.critic)
+        engine = critic.engine
+        engine.infer_max_token_len_per_gpu = critic.ppo_infer_max_token_len_per_gpu
+        engine.max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
+        training = TrainingWorkerConfig(
+            model_type="value_model",
+            model_config=critic.model,
+            engine_config=engine,
+            optimizer_config=critic.optim,
+            checkpoint_config=critic.checkpoint,
+        )
+        return critic, training
+
+    # -- one training step ----------------------------------------------------------------------
+
+    def _tensordict(self, batch: dict[str, Any], **meta: Any) -> Any:
+        """veRL's unpadded TensorDict of ``batch`` (already padded to the world size)."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        td = left_right_2_no_padding(batch_to_dataproto(batch, self.config.model.temperature).to_tensordict())
+        tu.assign_non_tensor(td, **meta)
+        return td
+
+    def _infer(self, batch: dict[str, Any], n: int, call: Any, key: str, **meta: Any) -> torch.Tensor:
+        """Run a forward-only worker call; returns ``key`` as ``(n, T)`` float tensor."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        td = self._tensordict(batch, compute_loss=False, **meta)
+        output = _result(call(td))
+        return no_padding_2_padding(tu.get(output, key), td).float()[:n].cpu()
+
+    def train_step(self, experiences: list[Experience]) -> dict[str, float]:
+        """Train on one batch of experiences; returns metrics with Trinity-RFT names."""
+        from trinity.trainer.metrics import data_metrics
+
+        start = time.perf_counter()
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        batch = build_verl_batch(experiences, self.pad_token_id)
+        padded, n = pad_rows(batch, self.world_size)
+        actor, no_entropy = self.workers["actor"], {"calculate_entropy": False}
+        if self.use_ref:
+            tick = time.perf_counter()
+            batch["ref_logprob"] = self._infer(
+                padded, n, self.workers["ref"].compute_ref_log_prob, "log_probs", **no_entropy
+            )
+            timing["timing/ref"] = time.perf_counter() - tick
+        if self.use_critic:
+            tick = time.perf_counter()
+            batch["values"] = self._infer(padded, n, self.workers["critic"].infer_batch, "values")
+            timing["timing/values"] = time.perf_counter() - tick
+        if self.config.trainer.use_rollout_logprobs:
+            if not batch["has_rollout_logprobs"]:
+                raise ValueError(
+                    "trainer.use_rollout_logprobs is set but some experiences carry no log-probs; "
+                    "have the explorer return them, or unset the key"
+                )
+            batch["old_logprob"] = batch["rollout_logprobs"]
+        else:
+            tick = time.perf_counter()
+            batch["old_logprob"] = self._infer(padded, n, actor.compute_log_prob, "log_probs", **no_entropy)
+            timing["timing/old_log_prob"] = time.perf_counter() - tick
+
+        tick = time.perf_counter()
+        if self.kl_penalty_fn is not None:
+            batch, kl_metrics = self.kl_penalty_fn.apply_kl_penalty_to_reward(batch)
+            metrics["actor/reward_kl_penalty"] = kl_metrics.get("kl", 0.0)
+            metrics["actor/reward_kl_penalty_coeff"] = kl_metrics.get("kl_coef", 0.0)
+        if self.algorithm_type.use_advantage:
+            batch, adv_metrics = self.advantage_fn(batch)
+            metrics.update({f"advantage/{k}": v for k, v in adv_metrics.items()})
+        timing["timing/adv"] = time.perf_counter() - tick
+
+        padded, _ = pad_rows(batch, self.world_size)
+        rows = padded["input_ids"].shape[0]
+        update = {
+            "global_batch_size": rows,
+            "mini_batch_size": self._mini_batch_rows(rows),
+            "epochs": self.config.trainer.ppo_epochs,
+            "seed": self.config.trainer.seed,
+            "dataloader_kwargs": {"shuffle": False},
+        }
+        if self.use_critic:
+            tick = time.perf_counter()
+            output = self.workers["critic"].train_mini_batch(self._tensordict(padded, **update))
+            metrics.update(_metrics(output, "critic"))
+            timing["timing/update_critic"] = time.perf_counter() - tick
+        if self.global_step >= self.config.trainer.critic_warmup:
+            tick = time.perf_counter()
+            td = self._tensordict(
+                padded, compute_loss=True, calculate_entropy=self.actor_loss.needs_entropy(), **update
+            )
+            metrics.update(_metrics(actor.update_actor(td), "actor"))
+            timing["timing/update_actor"] = time.perf_counter() - tick
+        self.global_step += 1
+
+        metrics.update(data_metrics(batch, self.config.model.max_response_tokens))
+        timing["timing/step"] = time.perf_counter() - start
+        metrics.update(timing)
+        n_tokens = float(batch["attention_mask"].sum())
+        metrics["perf/total_num_tokens"] = n_tokens
+        metrics["perf/throughput"] = n_tokens / max(timing["timing/step"], 1e-9)
+        metrics["training/global_step"] = float(self.global_step)
+        return metrics
+
+    def _mini_batch_rows(self, rows: int) -> int:
+        """Rows per optimizer step: veRL's ``ppo_mini_batch_size * rollout.n``, capped at the batch."""
+        actor = self.verl_config.actor_rollout_ref
+        mini = int(actor.actor.ppo_mini_batch_size) * int(actor.rollout.n)
+        if mini >= rows or rows % mini or mini % self.world_size:
+            return rows  # one optimizer step per epoch, as the native trainer does
+        return mini
+
+    # -- weights and checkpoints ----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The actor's full weights as CPU tensors with Hugging Face names (for weight sync)."""
+        results = self.workers["actor"].export_weights()
+        return next(r for r in results if r is not None)
+
+    def save_checkpoint(self, step: int | None = None, extra_state: dict[str, Any] | None = None) -> str:
+        """Save ``<job_dir>/global_step_<step>/`` (veRL shards in ``actor/``, ``critic/``); returns it."""
+        import torch
+
+        step = self.global_step if step is None else step
+        path = ckpt.checkpoint_dir(self.config.job_dir, step)
+        os.makedirs(path, exist_ok=True)
+        self.workers["actor"].save_checkpoint(os.path.join(path, "actor"), None, step)
+        if self.use_critic:
+            self.workers["critic"].save_checkpoint(os.path.join(path, ckpt.CRITIC_DIR), None, step)
+        self._link_hf_weights(path)
+        self.tokenizer.save_pretrained(path)
+        state = {"trainer_step": self.global_step, "global_step": step, "extra": extra_state or {}}
+        # Written last: its presence is what marks the checkpoint complete (see trainer.checkpoint).
+        torch.save({**state, "rng": ckpt.rng_state()}, os.path.join(path, ckpt.STATE_FILE))
+        latest = os.path.join(self.config.job_dir, ckpt.LATEST_FILE)
+        with open(f"{latest}.tmp", "w") as f:
+            f.write(str(step))
+        os.replace(f"{latest}.tmp", latest)
+        t = self.config.trainer
+        keep = t.max_actor_ckpt_to_keep or t.max_checkpoints_to_keep
+        if keep:
+            ckpt.prune_checkpoints(self.config.job_dir, keep)
+        return path
+
+    @staticmethod
+    def _link_hf_weights(path: str) -> None:
+        # veRL writes Hugging Face files to actor/huggingface; links make the step folder itself
+        # loadable (explorer checkpoint sync, from_pretrained) without a second copy of the weights.
+        hf_dir = os.path.join(path, HF_SUBDIR)
+        if not os.path.isdir(hf_dir):
+            return
+        for name in os.listdir(hf_dir):
+            link = os.path.join(path, name)
+            if not os.path.lexists(link):
+                os.symlink(os.path.join(HF_SUBDIR, name), link)
+
+    def load_checkpoint(self, path: str | None = None) -> dict[str, Any] | None:
+        """Restore the workers' weights and optimizers and the step from ``path`` (default: the
+        job's latest checkpoint); returns the saved ``extra_state``, or ``None`` if there is none."""
+        if path is None:
+            found = ckpt.find_latest_checkpoint(self.config.job_dir)
+            if found is None:
+                return None
+            path = found[1]
+        state = ckpt.load_trainer_state(path)
+        self.workers["actor"].load_checkpoint(os.path.join(path, "actor"), None, False)
+        if self.use_critic:
+            self.workers["critic"].load_checkpoint(os.path.join(path, ckpt.CRITIC_DIR), None, False)
+        ckpt.set_rng_state(state["rng"])
+        self.global_step = int(state["trainer_step"])
+        return state.get("extra", {})
+
+
+__all__ = ["VerlTrainer", "cluster_size", "full_verl_config"]
