@@ -102,7 +102,9 @@ def verl_tensors(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def verl_non_tensors(batch: dict[str, Any], experiences: list[Experience] | None = None) -> dict[str, np.ndarray]:
+def verl_non_tensors(
+    batch: dict[str, Any], experiences: list[Experience] | None = None
+) -> dict[str, np.ndarray]:
     """veRL's non-tensor batch: ``uid`` (object array), one task id per row."""
     if experiences is not None:
         uids = [str(e.eid.tid) for e in experiences]
@@ -123,7 +125,9 @@ def build_verl_batch(experiences: list[Experience], pad_token_id: int = 0) -> di
             "use trainer.trainer_type: native"
         )
     if any(e.prompt_length <= 0 for e in experiences):
-        raise ValueError("the veRL trainer needs at least one prompt token per experience (veRL's unpadding assumes it)")
+        raise ValueError(
+            "the veRL trainer needs at least one prompt token per experience (veRL's unpadding assumes it)"
+        )
     batch = build_batch(experiences, pad_token_id)
     batch["has_rollout_logprobs"] = all(e.logprobs is not None for e in experiences)
     batch["uids"] = [str(e.eid.tid) for e in experiences]
@@ -171,10 +175,14 @@ def batch_to_dataproto(batch: dict[str, Any], temperature: float = 1.0) -> Any:
 
     tensors = verl_tensors(batch)
     non_tensors = {"uid": np.array(batch.get("uids") or verl_non_tensors(batch)["uid"], dtype=object)}
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info(batch, temperature))
+    return DataProto.from_dict(
+        tensors=tensors, non_tensors=non_tensors, meta_info=meta_info(batch, temperature)
+    )
 
 
-def experiences_to_dataproto(experiences: list[Experience], pad_token_id: int = 0, temperature: float = 1.0) -> Any:
+def experiences_to_dataproto(
+    experiences: list[Experience], pad_token_id: int = 0, temperature: float = 1.0
+) -> Any:
     """``experiences`` as a ``verl.DataProto`` with veRL's key names (see the module docstring)."""
     return batch_to_dataproto(build_verl_batch(experiences, pad_token_id), temperature)
 

@@ -161,7 +161,9 @@ class ActorLoss:
                 try:
                     built[key] = cls(**args)
                 except TypeError as exc:
-                    raise ValueError(f"algorithm.{key}_args do not fit {_KINDS[key]} {name!r}: {exc}") from None
+                    raise ValueError(
+                        f"algorithm.{key}_args do not fit {_KINDS[key]} {name!r}: {exc}"
+                    ) from None
             if getattr(built["entropy_loss_fn"], "entropy_coef", None) == 0:
                 built["entropy_loss_fn"] = None  # a zero-weighted bonus costs a softmax backward for nothing
             self._components = built
@@ -178,7 +180,9 @@ class ActorLoss:
         """:func:`compose_actor_loss` with this loss's components (no scaling)."""
         return compose_actor_loss(self.components(), logprob, entropy, tensors, self.loss_agg_mode)
 
-    def __call__(self, model_output: dict[str, Any], data: Any, dp_group: Any = None) -> tuple[torch.Tensor, dict]:
+    def __call__(
+        self, model_output: dict[str, Any], data: Any, dp_group: Any = None
+    ) -> tuple[torch.Tensor, dict]:
         """veRL's loss-function protocol: ``model_output`` has nested ``log_probs`` (and
         ``entropy``); ``data`` is the micro-batch TensorDict with veRL's key names."""
         from verl.workers.utils.padding import no_padding_2_padding

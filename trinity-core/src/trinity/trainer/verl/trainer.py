@@ -133,7 +133,9 @@ class VerlTrainer:
         self.world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
         model_path = config.model.model_path
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=config.model.trust_remote_code)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model_path, trust_remote_code=config.model.trust_remote_code
+        )
         self.pad_token_id = self.tokenizer.pad_token_id or 0
 
         pool = RayResourcePool(
