@@ -416,7 +416,7 @@ def test_actor_loss_is_policy_plus_kl_minus_entropy_and_reports_its_parts():
     )
     ent, _ = comps["entropy_loss_fn"](entropy, tensors["action_mask"], loss_agg_mode="token-mean")
     assert float(total) == pytest.approx(float(pg + kl - ent))
-    assert metrics["policy_loss"] == pytest.approx(float(total))
+    assert metrics["loss"] == pytest.approx(float(total))
     assert "entropy" in metrics
     with pytest.raises(ValueError, match="ref_logprob"):
         compose_actor_loss(

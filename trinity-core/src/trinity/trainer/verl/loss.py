@@ -74,7 +74,8 @@ def compose_actor_loss(
         metrics.update(em)
     if entropy is not None:
         metrics["entropy"] = float(masked_mean(entropy.detach(), mask))
-    metrics["policy_loss"] = float(total.detach())
+    # veRL replaces this with its own sum over micro-batches, which means the same thing.
+    metrics["loss"] = float(total.detach())
     return total, metrics
 
 

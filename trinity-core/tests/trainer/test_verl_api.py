@@ -1,0 +1,198 @@
+"""Our conversion and loss against the real veRL (CPU): run by ``nox -s verl_api``.
+
+Skipped elsewhere: veRL is an optional extra and never needed by the core test suite. What these
+tests cannot reach is FSDP itself (GPUs and Ray workers together); see trinity-core/README.md.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+verl = pytest.importorskip("verl", reason="veRL is installed only in the `nox -s verl_api` session")
+
+from tensordict import TensorDictBase  # noqa: E402  (after the skip: tensordict comes with veRL)
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding  # noqa: E402
+
+from trinity.config import load_config  # noqa: E402
+from trinity.experience import EID, Experience  # noqa: E402
+from trinity.trainer.verl.config import build_verl_config  # noqa: E402
+from trinity.trainer.verl.dataproto import (  # noqa: E402
+    batch_to_dataproto,
+    build_verl_batch,
+    experiences_to_dataproto,
+    pad_rows,
+)
+from trinity.trainer.verl.loss import ActorLoss  # noqa: E402
+from trinity.trainer.verl.trainer import full_verl_config  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "verl"
+
+
+def _experiences() -> list[Experience]:
+    def exp(prompt, response, task, reward, run=0, action_mask=None):
+        return Experience(
+            tokens=torch.tensor(prompt + response),
+            prompt_length=len(prompt),
+            reward=reward,
+            logprobs=-torch.rand(len(response)),
+            action_mask=None if action_mask is None else torch.tensor(action_mask),
+            eid=EID(batch=0, task=task, run=run),
+        )
+
+    return [
+        exp([1, 2, 3], [10, 11], 0, 1.0),
+        exp([4], [12, 13, 14, 15], 0, 0.0, run=1, action_mask=[1, 0, 0, 1]),
+        exp([5, 6], [16], 1, 0.5),
+        exp([7, 8, 9, 9], [17, 18, 19], 1, 0.0, run=1),
+    ]
+
+
+def test_experiences_become_a_consistent_dataproto():
+    data = experiences_to_dataproto(_experiences(), pad_token_id=0, temperature=0.7)
+    assert isinstance(data, verl.DataProto)
+    assert len(data) == 4
+    data.check_consistency()
+    for key in ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask"):
+        assert key in data.batch.keys()  # noqa: SIM118  (TensorDict has no `in`)
+    for key in ("rollout_log_probs", "token_level_scores", "token_level_rewards"):
+        assert data.batch[key].shape == data.batch["responses"].shape
+    uids = data.non_tensor_batch["uid"]
+    assert uids[0] == uids[1] != uids[2] == uids[3]
+    assert data.meta_info["temperature"] == 0.7
+    # veRL's own batch operations work on it: select and chunk over two data-parallel ranks.
+    assert len(data.select(batch_keys=["input_ids"]).batch.keys()) == 1
+    halves = data.chunk(2)
+    assert [len(h) for h in halves] == [2, 2]
+
+
+def test_verls_unpadding_reads_our_layout():
+    """Each response position of veRL's unpadded output is the model output one token earlier."""
+    data = experiences_to_dataproto(_experiences())
+    td = left_right_2_no_padding(data.to_tensordict())
+    assert td["input_ids"].is_nested
+    # A stand-in model output: every position outputs its own token id.
+    ids = td["input_ids"]
+    out = no_padding_2_padding(
+        torch.nested.nested_tensor_from_jagged(ids.values().float(), ids.offsets()), td
+    )
+    mask = data.batch["attention_mask"]
+    full = data.batch["input_ids"]
+    p = data.batch["prompts"].shape[1]
+    for row in range(len(data)):
+        resp_len = int(mask[row, p:].sum())
+        expected = full[row, p - 1 : p - 1 + resp_len].float()  # the token before each response token
+        assert torch.equal(out[row, :resp_len], expected)
+        assert out[row, resp_len:].abs().sum() == 0
+
+
+def _nested_like(values: torch.Tensor, td) -> torch.Tensor:
+    """A nested per-token model output whose response part is ``values`` ``(B, T)``."""
+    offsets = td["input_ids"].offsets()
+    lens = offsets.diff()
+    pieces = []
+    prompts = td["prompts"]
+    attention = td["attention_mask"]
+    for row in range(len(lens)):
+        p_len = int(attention[row, : prompts.shape[1]].sum())
+        r_len = int(attention[row, prompts.shape[1] :].sum())
+        piece = torch.zeros(int(lens[row]))
+        piece[p_len - 1 : p_len - 1 + r_len] = values[row, :r_len]
+        pieces.append(piece)
+    return torch.nested.nested_tensor_from_jagged(torch.cat(pieces), offsets)
+
+
+def test_actor_loss_on_a_real_micro_batch_matches_the_padded_computation():
+    loss_fn = ActorLoss(
+        {
+            "policy_loss_fn": "ppo",
+            "policy_loss_fn_args": {},
+            "kl_loss_fn": "low_var_kl",
+            "kl_loss_fn_args": {"kl_coef": 0.1},
+            "entropy_loss_fn": "default",
+            "entropy_loss_fn_args": {"entropy_coef": 0.01},
+            "loss_agg_mode": "token-mean",
+        }
+    )
+    loss_fn = pickle.loads(pickle.dumps(loss_fn))  # as set_loss_fn ships it to the workers
+    batch = build_verl_batch(_experiences())
+    shape = batch["action_mask"].shape
+    gen = torch.Generator().manual_seed(0)
+    batch["old_logprob"] = -torch.rand(shape, generator=gen)
+    batch["ref_logprob"] = -torch.rand(shape, generator=gen)
+    batch["advantages"] = torch.randn(shape, generator=gen)
+    batch["returns"] = torch.randn(shape, generator=gen)
+    td = left_right_2_no_padding(batch_to_dataproto(batch).to_tensordict())
+    # What veRL's FSDP engine assigns before calling the loss (two ranks; this is one).
+    tokens = float(batch["action_mask"].sum())
+    tu.assign_non_tensor(td, batch_num_tokens=tokens * 2, dp_size=2, global_batch_size=8)
+    logprob = batch["old_logprob"] + 0.05 * torch.randn(shape, generator=gen)
+    entropy = torch.rand(shape, generator=gen)
+    model_output = {"log_probs": _nested_like(logprob, td), "entropy": _nested_like(entropy, td)}
+    loss, metrics = loss_fn(model_output=model_output, data=td, dp_group=None)
+
+    mask = batch["action_mask"]
+    tensors = {k: batch[k] for k in ("old_logprob", "ref_logprob", "advantages", "returns")}
+    tensors.update(action_mask=mask, group_ids=batch["group_ids"], expert_mask=batch["expert_mask"])
+    expected, _ = loss_fn.compute(
+        logprob * (batch["response_mask"] > 0), entropy * (batch["response_mask"] > 0), tensors
+    )
+    # This rank holds half of the global tokens and gradients are averaged over 2 ranks: scale 1.
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    assert {"pg_loss", "kl_loss", "entropy", "loss"} <= set(metrics)
+
+
+def test_padding_to_the_world_size_keeps_dataproto_chunkable():
+    batch = build_verl_batch(_experiences()[:3])
+    padded, n = pad_rows(batch, 2)
+    data = batch_to_dataproto(padded)
+    assert n == 3 and len(data) == 4
+    assert [len(c) for c in data.chunk(2)] == [2, 2]
+    assert int(data.batch["response_mask"][3].sum()) == 0
+
+
+@pytest.mark.parametrize("example", ["ppo.yaml", "grpo.yaml"])
+def test_translated_examples_build_verls_config_dataclasses(example, tmp_path, monkeypatch):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from trinity.testing.tiny_model import create_tiny_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = str(create_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=1))
+    cfg = full_verl_config(build_verl_config(load_config(EXAMPLES / example)))
+    cfg.actor_rollout_ref.model.path = cfg.critic.model.path = model  # HFModelConfig reads the model
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert actor.ppo_mini_batch_size == 256
+    critic = omega_conf_to_dataclass(cfg.critic)
+    assert critic.model.path == model
+    from trinity.trainer.verl.trainer import VerlTrainer
+
+    critic_cfg, training = VerlTrainer._critic_configs(cfg)
+    assert training.model_type == "value_model"
+    assert training.engine_config.max_token_len_per_gpu == critic_cfg.ppo_max_token_len_per_gpu
+
+
+def test_our_actor_worker_registers_its_export_for_every_rank():
+    from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch
+
+    from trinity.trainer.verl.workers import TrinityActorWorker
+
+    attrs = getattr(TrinityActorWorker.export_weights, MAGIC_ATTR)
+    assert attrs["dispatch_mode"] == Dispatch.ONE_TO_ALL
+
+
+def test_worker_outputs_are_tensordicts_or_futures():
+    from trinity.trainer.verl.trainer import _result
+
+    td = tu.get_tensordict({"a": torch.zeros(2)})
+    assert _result(td) is td
+
+    class Future:
+        def get(self):
+            return td
+
+    assert isinstance(_result(Future()), TensorDictBase)
