@@ -49,7 +49,7 @@ def run(config: Config) -> int:
     for index, stage in enumerate(stages):
         if previous_checkpoint is not None:
             # Each stage starts from the weights the previous one ended with.
-            stage.model.model_path = previous_checkpoint
+            start_from(stage, previous_checkpoint)
         label = stage.name if len(stages) > 1 else config.name
         print(f"[trinity] stage {index + 1}/{len(stages)}: {label} (mode {stage.mode})", flush=True)
         try:
@@ -62,6 +62,28 @@ def run(config: Config) -> int:
             return EXIT_FAILED
         previous_checkpoint = result.final_checkpoint or previous_checkpoint
     return EXIT_OK
+
+
+def start_from(config: Config, model_path: str) -> None:
+    """Point a resolved stage config at ``model_path`` (the previous stage's final weights).
+
+    Resolving copied ``model.model_path`` into derived keys (the rollout model, the critic and
+    the tokenizers); they follow it here, or the explorer would roll out with the old weights.
+    A critic or tokenizer path the user set to something else is kept.
+    """
+    old = config.model.model_path
+    config.model.model_path = model_path
+    config.explorer.rollout_model.model_path = model_path
+    if config.model.critic_model_path == old:
+        config.model.critic_model_path = model_path
+    buffer = config.buffer
+    readers = [buffer, *buffer.explorer_input.tasksets, *buffer.explorer_input.eval_tasksets]
+    if buffer.trainer_input.experience_buffer is not None:
+        readers.append(buffer.trainer_input.experience_buffer)
+    readers.extend(buffer.trainer_input.auxiliary_buffers.values())
+    for reader in readers:
+        if getattr(reader, "tokenizer_path", None) == old:
+            reader.tokenizer_path = model_path
 
 
 def _setup_driver_logging() -> None:

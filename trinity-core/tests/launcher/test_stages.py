@@ -1,0 +1,52 @@
+"""Each stage starts from the previous stage's weights: every derived model path follows."""
+
+from __future__ import annotations
+
+from trinity.config import load_config
+from trinity.launcher import start_from
+
+CONFIG = """
+project: p
+name: n
+model: {model_path: /models/base, max_prompt_tokens: 8, max_response_tokens: 8}
+algorithm: {algorithm_type: grpo, repeat_times: 2}
+buffer:
+  batch_size: 2
+  explorer_input:
+    taskset: {name: t, path: /data, format: {prompt_key: q, response_key: a}}
+explorer: {rollout_model: {engine_type: transformers}}
+trainer: {trainer_type: native}
+stages:
+  - stage_name: sft
+    mode: train
+    algorithm: {algorithm_type: sft}
+    buffer: {trainer_input: {experience_buffer: {name: sft, storage_type: file, path: /sft}}}
+  - stage_name: rl
+"""
+
+
+def test_second_stage_rolls_out_and_trains_the_first_stages_weights(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(CONFIG)
+    sft, rl = load_config(path).stage_configs()
+    assert rl.explorer.rollout_model.model_path == "/models/base"  # as resolved, before the run
+
+    start_from(rl, "/ckpt/sft/global_step_10")
+    assert rl.model.model_path == "/ckpt/sft/global_step_10"
+    assert rl.explorer.rollout_model.model_path == "/ckpt/sft/global_step_10"
+    assert rl.model.critic_model_path == "/ckpt/sft/global_step_10"
+    assert rl.buffer.tokenizer_path == "/ckpt/sft/global_step_10"
+
+    start_from(sft, "/ckpt/other")
+    assert sft.buffer.trainer_input.experience_buffer.tokenizer_path == "/ckpt/other"
+
+
+def test_paths_the_user_set_elsewhere_are_kept(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        CONFIG.replace("max_response_tokens: 8}", "max_response_tokens: 8, critic_model_path: /critic}")
+    )
+    _, rl = load_config(path).stage_configs()
+    start_from(rl, "/ckpt/new")
+    assert rl.model.critic_model_path == "/critic"
+    assert rl.explorer.rollout_model.model_path == "/ckpt/new"
