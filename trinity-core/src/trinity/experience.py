@@ -76,7 +76,9 @@ class Experience:
             value = getattr(self, name)
             if value is not None and not isinstance(value, torch.Tensor):
                 setattr(self, name, torch.as_tensor(value))
-        if self.prompt_length < 0 or self.prompt_length > len(self.tokens):
+        # shape[0], not len(): Tensor.__len__ is a Python-level call, and the buffers build
+        # tens of thousands of experiences per second.
+        if self.prompt_length < 0 or self.prompt_length > self.tokens.shape[0]:
             raise ValueError(f"prompt_length {self.prompt_length} is outside the {len(self.tokens)} tokens")
         if self.chosen is None:
             n = self.response_length
@@ -90,7 +92,7 @@ class Experience:
 
     @property
     def response_length(self) -> int:
-        return len(self.tokens) - self.prompt_length
+        return self.tokens.shape[0] - self.prompt_length
 
     # -- serialisation (SQL / file buffers, Ray object store) -------------------------------
 
@@ -117,12 +119,39 @@ class Experience:
         return cls(eid=EID(**eid), **data)
 
     def serialize(self) -> bytes:
-        """Compact binary form (numpy buffers, pickle protocol 5). Trusted storage only."""
-        return pickle.dumps(self.to_dict(), protocol=5)
+        """Compact binary form: raw tensor bytes plus pickled small fields (see
+        :mod:`trinity.experience_codec`). Trusted storage only."""
+        from trinity.experience_codec import encode
+
+        return encode(self, _TENSOR_FIELDS, _PLAIN_FIELDS)
 
     @classmethod
     def deserialize(cls, blob: bytes) -> Experience:
-        return cls.from_dict(pickle.loads(blob))
+        """The experience :meth:`serialize` made (also reads the older pickled-dict blobs)."""
+        from trinity.experience_codec import MAGIC, decode
+
+        if bytes(blob[:4]) != MAGIC:
+            return cls.from_dict(pickle.loads(blob))
+        data = decode(blob)
+        eid = data.pop("eid", None)
+        if not data.keys() <= _FIELD_DEFAULTS.keys():  # a field this version does not know
+            return cls.from_dict({**data, "eid": dict(zip(_EID_FIELDS, eid)) if eid else {}})
+        # The blob was made by serialize() from a validated Experience, so __init__'s checks
+        # are skipped: they cost a quarter of the read path of the SQL buffer.
+        exp = cls.__new__(cls)
+        exp.__dict__.update(_FIELD_DEFAULTS)
+        exp.__dict__.update(data)
+        exp.eid = EID(*eid) if eid else EID()
+        return exp
+
+
+_EID_FIELDS = ("batch", "task", "run", "step", "suffix")
+
+
+# Computed once: ``dataclasses.fields`` is slow enough to show in the buffers' throughput.
+_PLAIN_FIELDS = tuple(f.name for f in fields(Experience) if f.name not in _TENSOR_FIELDS)
+# Fields absent from a blob were None when it was written (serialize() leaves out only those).
+_FIELD_DEFAULTS: dict[str, Any] = {f.name: None for f in fields(Experience)}
 
 
 def group_ids_of(experiences: list[Experience]) -> torch.Tensor:

@@ -3,6 +3,10 @@
     python sql_worker.py write URL WRITER_ID COUNT BATCH [DELAY]   # writes COUNT experiences
     python sql_worker.py read URL OUT_FILE BATCH                   # reads until exhausted
     python sql_worker.py read-n URL OUT_FILE N BATCH               # reads N experiences, then exits
+    python sql_worker.py train URL OUT_FILE STEPS BATCH SAVE_AT STATE [RESUME_FROM]
+        # a trainer's reader: RESUME_FROM (a saved state) is loaded first; then STEPS reads of
+        # BATCH, each after set_step(step); the state after step SAVE_AT goes to STATE (JSON);
+        # OUT_FILE gets "step uid" lines; the process then dies by SIGKILL (no clean shutdown)
 
 Each experience's ``eid`` is ``(batch=writer, task=sequence number)``; readers append the uids
 they read to OUT_FILE, one per line, flushing after every batch.
@@ -10,6 +14,9 @@ they read to OUT_FILE, one per line, flushing after every batch.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import sys
 import time
 
@@ -62,6 +69,24 @@ def main(argv: list[str]) -> None:
                 fh.write("".join(e.eid.uid + "\n" for e in got))
                 fh.flush()
                 done += len(got)
+    elif mode == "train":
+        out, steps, batch, save_at, state_file = argv[2], int(argv[3]), int(argv[4]), int(argv[5]), argv[6]
+        reader = SQLReader(storage, max_read_timeout=5)
+        start = 0
+        if len(argv) > 7:
+            with open(argv[7]) as fh:
+                saved = json.load(fh)
+            reader.load_state_dict(saved["reader"])
+            start = saved["step"]
+        with open(out, "a") as fh:
+            for step in range(start + 1, start + steps + 1):
+                reader.set_step(step)
+                fh.write("".join(f"{step} {e.eid.uid}\n" for e in reader.read(batch)))
+                fh.flush()
+                if step == save_at:
+                    with open(state_file, "w") as sf:
+                        json.dump({"step": step, "reader": reader.state_dict()}, sf)
+        os.kill(os.getpid(), signal.SIGKILL)
     else:
         raise SystemExit(f"unknown mode {mode}")
 

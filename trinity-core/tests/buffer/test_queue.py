@@ -60,7 +60,7 @@ def test_full_fifo_queue_makes_writers_wait(make_experience):
     ready, _ = ray.wait([ref], timeout=0.5)
     assert not ready, "put returned although the queue was full"
     QueueReader(actor).read(1, timeout=5)
-    assert ray.get(ref, timeout=10) == 2
+    assert ray.get(ref, timeout=10) == {"size": 2, "skipped": 0}
 
 
 def test_sql_mirror_survives_an_actor_crash(tmp_path, make_experience):
@@ -73,6 +73,18 @@ def test_sql_mirror_survives_an_actor_crash(tmp_path, make_experience):
     revived = get_queue_actor(name, mirror_url=url)
     assert [e.eid.task for e in QueueReader(revived).read(10, timeout=0.5)] == [2, 3, 4, 5]
     assert SQLStorage(url, name).counts()["unread"] == 0
+
+
+def test_sql_mirror_skips_experiences_it_already_holds(tmp_path, make_experience):
+    name, url = _name(), f"sqlite:///{tmp_path / 'backup.db'}"
+    actor = get_queue_actor(name, mirror_url=url)
+    writer = QueueWriter(actor)
+    writer.write([make_experience(i) for i in range(4)])
+    writer.write([make_experience(i) for i in range(2, 6)])  # 2 and 3 again: a redone step
+    assert writer.metrics() == {"buffer/written": 6.0, "buffer/duplicates_skipped": 2.0}
+    assert ray.get(actor.stats.remote())["duplicates"] == 2
+    assert [e.eid.task for e in QueueReader(actor).read(10, timeout=0.5)] == [0, 1, 2, 3, 4, 5]
+    assert SQLStorage(url, name).counts() == {"total": 6, "unread": 0, "writers": 0, "open_writers": 0}
 
 
 def test_priority_replay_prefers_new_versions_and_reuses_after_cooldown(make_experience):

@@ -32,7 +32,7 @@ def buffer_show(path: str, table: str | None, limit: int, unread: bool, width: i
     """Print prompt, response, reward and model version of stored experiences."""
     import sqlalchemy as sa
 
-    from trinity.buffer.sql import normalise_url, table_name_for
+    from trinity.buffer.sql_schema import normalise_url, table_name_for
 
     url = normalise_url(path)
     if url.startswith("sqlite:///") and not _exists(url):

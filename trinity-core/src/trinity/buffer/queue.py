@@ -4,6 +4,8 @@ The explorer's writers and the trainer's readers find the same actor by the buff
 Experiences travel as serialised rows (``SQLStorage.rows_for``), so the actor never imports
 torch. With ``path`` set, every row is mirrored to SQL *before* it is acknowledged and marked
 consumed when it is read; an actor that restarts reloads the unread rows, so a crash loses nothing.
+The mirror also makes writes idempotent: rows whose experience id (``eid.uid``) it already holds
+are skipped, counted (``stats()["duplicates"]``, writer metrics) and logged.
 
 Optional priority replay (``replay_buffer.enable`` or ``use_priority_queue``): rows are read
 highest priority first, and with ``reuse_cooldown_time`` a row read is put back after that many
@@ -85,6 +87,7 @@ class QueueActor:
         self._cond = asyncio.Condition()
         self._writers: dict[str, bool] = {}
         self.dropped = 0
+        self.duplicates = 0
         self.mirror = None
         if mirror_url:
             from trinity.buffer.sql import SQLStorage
@@ -139,23 +142,36 @@ class QueueActor:
             self._writers[writer_id] = True
             self._cond.notify_all()
 
-    async def put(self, rows: list[dict[str, Any]]) -> int:
-        """Store rows made by ``SQLStorage.rows_for``; returns how many are held afterwards."""
+    async def put(self, rows: list[dict[str, Any]]) -> dict[str, int]:
+        """Store rows made by ``SQLStorage.rows_for``.
+
+        Returns ``{"size": rows held afterwards, "skipped": rows whose uid the SQL mirror
+        already had}`` (a redone explorer step; without a mirror nothing is skipped).
+        """
         ids: list[int | None] = [None] * len(rows)
-        versions = [int(r.get("model_version") or 0) for r in rows]
+        skipped = 0
         if self.mirror is not None:
             # Durable before acknowledged: a crash after this point loses nothing.
-            blobs = [r["blob"] for r in rows]
             ids = await asyncio.to_thread(self.mirror.insert_rows, rows)
-            for r, b in zip(rows, blobs):
-                r["blob"] = b
+            keep = [i is not None for i in ids]
+            skipped = len(rows) - sum(keep)
+            if skipped:
+                self.duplicates += skipped
+                logger.warning(
+                    "queue %r: skipped %d of %d experiences its SQL mirror already holds (same eid.uid)",
+                    self.name,
+                    skipped,
+                    len(rows),
+                )
+                rows = [r for r, k in zip(rows, keep) if k]
+                ids = [i for i in ids if i is not None]
         async with self._cond:
-            for row, row_id, version in zip(rows, ids, versions):
+            for row, row_id in zip(rows, ids):
                 if not self.priority:
                     await self._cond.wait_for(lambda: len(self._fifo) < self.capacity)
-                self._push(row_id, row["blob"], version, 0)
+                self._push(row_id, row["blob"], int(row.get("model_version") or 0), 0)
                 self._cond.notify_all()
-            return self._size()
+            return {"size": self._size(), "skipped": skipped}
 
     def _exhausted(self) -> bool:
         return bool(self._writers) and all(self._writers.values()) and self._size() == 0
@@ -191,6 +207,7 @@ class QueueActor:
             "size": self._size(),
             "capacity": self.capacity,
             "dropped": self.dropped,
+            "duplicates": self.duplicates,
             "writers": len(self._writers),
             "finished_writers": sum(self._writers.values()),
         }
@@ -257,6 +274,8 @@ class QueueWriter:
         # Only used for its row layout (no database is opened).
         self._layout = SQLStorage("sqlite://", name)
         self._registered = False
+        self.written = 0
+        self.duplicates = 0
 
     def _register(self) -> None:
         import ray
@@ -270,7 +289,13 @@ class QueueWriter:
         import ray
 
         self._register()
-        ray.get(self.actor.put.remote(self._layout.rows_for(experiences, self._writer_id)))
+        result = ray.get(self.actor.put.remote(self._layout.rows_for(experiences, self._writer_id)))
+        self.written += len(experiences) - result["skipped"]
+        self.duplicates += result["skipped"]
+
+    def metrics(self) -> dict[str, float]:
+        """Experiences stored, and duplicates skipped (by the SQL mirror), by this writer."""
+        return {"buffer/written": float(self.written), "buffer/duplicates_skipped": float(self.duplicates)}
 
     def finish(self) -> None:
         """Tell readers this writer is done."""
