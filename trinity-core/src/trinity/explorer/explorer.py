@@ -222,6 +222,8 @@ class Explorer:
         }
         if hasattr(self.taskset_reader, "metrics"):
             metrics.update(self.taskset_reader.metrics())
+        if hasattr(self.writer, "metrics"):  # written / duplicates skipped (redone steps)
+            metrics.update(self.writer.metrics())
         return metrics
 
     def _stamp(self, results: list[TaskResult], step: int | str) -> list[Experience]:

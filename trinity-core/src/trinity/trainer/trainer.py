@@ -84,6 +84,9 @@ class Trainer:
         from trinity.buffer.base import BufferExhausted
 
         next_step = self.step + 1
+        if hasattr(self.experience_reader, "set_step"):
+            # The SQL buffer records which step consumed each row (column consumed_step).
+            self.experience_reader.set_step(next_step)
         if hasattr(self.sample_strategy, "set_model_version"):
             self.sample_strategy.set_model_version(self.step)
         try:
