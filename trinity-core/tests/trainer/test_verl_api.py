@@ -6,6 +6,7 @@ tests cannot reach is FSDP itself (GPUs and Ray workers together); see trinity-c
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -75,6 +76,7 @@ def test_verls_unpadding_reads_our_layout():
     data = experiences_to_dataproto(_experiences())
     td = left_right_2_no_padding(data.to_tensordict())
     assert td["input_ids"].is_nested
+    assert tu.get(td, "temperature") == 1.0  # veRL's engine scales logits by it
     # A stand-in model output: every position outputs its own token id.
     ids = td["input_ids"]
     out = no_padding_2_padding(
@@ -167,6 +169,7 @@ def test_translated_examples_build_verls_config_dataclasses(example, tmp_path, m
     cfg.actor_rollout_ref.model.path = cfg.critic.model.path = model  # HFModelConfig reads the model
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     assert actor.ppo_mini_batch_size == 256
+    assert actor.rollout_n == cfg.actor_rollout_ref.rollout.n  # interpolations resolved
     critic = omega_conf_to_dataclass(cfg.critic)
     assert critic.model.path == model
     from trinity.trainer.verl.trainer import VerlTrainer
@@ -196,3 +199,131 @@ def test_worker_outputs_are_tensordicts_or_futures():
             return td
 
     assert isinstance(_result(Future()), TensorDictBase)
+
+
+# -- the driver, with stand-in worker groups -----------------------------------------------------
+# FSDP workers need GPUs; these stand-ins take and return the same TensorDicts veRL's workers do
+# (nested per-token outputs, a ``metrics`` entry), so the driver's data flow runs for real.
+
+
+def _token_values(td, scale: float) -> torch.Tensor:
+    ids = td["input_ids"]
+    return torch.nested.nested_tensor_from_jagged(-(ids.values().float() % 7) * scale - 0.01, ids.offsets())
+
+
+class _ActorGroup:
+    def __init__(self, loss_fn: ActorLoss):
+        self.loss_fn = loss_fn
+        self.updates: list = []
+        self.saved: list[str] = []
+        self.loaded: list[str] = []
+
+    def compute_log_prob(self, td):
+        assert tu.get(td, "compute_loss") is False
+        return tu.get_tensordict({"log_probs": _token_values(td, 0.1)}, {"metrics": {}})
+
+    compute_ref_log_prob = compute_log_prob
+
+    def update_actor(self, td):
+        self.updates.append(td)
+        # What veRL's engine adds before the loss (one rank, the whole mini-batch as one micro-batch).
+        tu.assign_non_tensor(td, batch_num_tokens=float(td["loss_mask"].sum()), dp_size=1)
+        model_output = {"log_probs": _token_values(td, 0.11)}
+        if tu.get(td, "calculate_entropy"):
+            model_output["entropy"] = _token_values(td, -0.2)
+        loss, metrics = self.loss_fn(model_output=model_output, data=td)
+        metrics = {k: [v] for k, v in metrics.items()}
+        metrics.update(loss=[float(loss)], grad_norm=1.5, lr=1e-6)
+        return tu.get_tensordict({}, {"metrics": metrics})
+
+    def export_weights(self):
+        return [{"w": torch.ones(2)}, None]
+
+    def save_checkpoint(self, local_path, hdfs_path, step):
+        hf = Path(local_path) / "huggingface"
+        hf.mkdir(parents=True)
+        (hf / "config.json").write_text("{}")
+        self.saved.append(local_path)
+
+    def load_checkpoint(self, local_path, hdfs_path, del_local_after_load):
+        self.loaded.append(local_path)
+
+
+@pytest.fixture
+def grpo_trainer(tmp_path):
+    from trinity.config import resolve_config
+    from trinity.config.validation import validate_config
+    from trinity.testing.tiny_model import create_tiny_model
+    from trinity.trainer.verl.trainer import VerlTrainer
+
+    model = str(create_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=1))
+    config = resolve_config(
+        validate_config(
+            {
+                "mode": "train",
+                "checkpoint_root_dir": str(tmp_path / "ckpt"),
+                "model": {"model_path": model, "max_prompt_tokens": 8, "max_response_tokens": 8},
+                "cluster": {"node_num": 1, "gpu_per_node": 2},
+                "algorithm": {
+                    "algorithm_type": "grpo",
+                    "repeat_times": 2,
+                    "kl_loss_fn": "low_var_kl",
+                    "entropy_loss_fn_args": {"entropy_coef": 0.01},
+                },
+                "buffer": {
+                    "batch_size": 2,
+                    "trainer_input": {
+                        "experience_buffer": {"name": "e", "storage_type": "sql", "path": "sqlite:///x.db"}
+                    },
+                },
+                "trainer": {"trainer_type": "verl", "save_hf_checkpoint": "always"},
+            }
+        )
+    )
+    actor = _ActorGroup(ActorLoss.from_config(config))
+    return VerlTrainer(config, workers={"actor": actor, "ref": actor}), actor
+
+
+def test_driver_runs_a_step_with_our_advantage_and_loss(grpo_trainer):
+    from trinity.plugins import get_component
+
+    trainer, actor = grpo_trainer
+    assert trainer.use_ref and trainer.world_size == 2
+    exps = _experiences()[:3]  # 3 rows on 2 ranks: one padding row
+    metrics = trainer.train_step(exps)
+    assert trainer.global_step == 1
+    for key in (
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "actor/entropy",
+        "actor/grad_norm",
+        "timing/adv",
+        "timing/ref",
+    ):
+        assert key in metrics, key
+    td = actor.updates[0]
+    assert td["response_mask"].shape[0] == 4 and int(td["response_mask"][3].sum()) == 0
+    assert tu.get(td, "global_batch_size") == 4 and tu.get(td, "mini_batch_size") == 4
+    assert tu.get(td, "calculate_entropy") is True
+    # The advantages sent to the workers are our GRPO advantages of the real rows.
+    batch = build_verl_batch(exps)
+    expected, _ = get_component("advantage_fn", "grpo")(**trainer.config.algorithm.advantage_fn_args)(batch)
+    assert torch.allclose(td["advantages"][:3], expected["advantages"])
+    assert td["advantages"][3].abs().sum() == 0
+    # Old log-probs came back from compute_log_prob through veRL's unpadding.
+    assert torch.equal(td["old_log_probs"][:3] != 0, batch["response_mask"] > 0)
+
+
+def test_driver_checkpoints_in_our_layout_and_resumes(grpo_trainer):
+    from transformers import AutoTokenizer
+
+    trainer, actor = grpo_trainer
+    trainer.train_step(_experiences())
+    path = trainer.save_checkpoint(extra_state={"reader": 7})
+    assert actor.saved == [os.path.join(path, "actor")]
+    assert os.path.islink(os.path.join(path, "config.json"))  # veRL's HF export, linked
+    AutoTokenizer.from_pretrained(path)
+    assert trainer.state_dict()["w"].sum() == 2
+    trainer.global_step = 0
+    assert trainer.load_checkpoint() == {"reader": 7}
+    assert trainer.global_step == 1 and actor.loaded == [os.path.join(path, "actor")]

@@ -45,12 +45,16 @@ HF_SUBDIR = os.path.join("actor", "huggingface")
 
 
 def full_verl_config(translated: dict[str, Any]) -> Any:
-    """``translated`` laid over veRL's own complete defaults (its generated PPO trainer YAML)."""
+    """``translated`` laid over veRL's own complete defaults (its generated PPO trainer YAML),
+    interpolations resolved as veRL's ``main_ppo`` does: the workers get sub-sections, which
+    must not depend on keys outside them."""
     import verl
     from omegaconf import OmegaConf
 
     path = os.path.join(os.path.dirname(verl.__file__), "trainer", "config", "_generated_ppo_trainer.yaml")
-    return OmegaConf.merge(OmegaConf.load(path), OmegaConf.create(translated))
+    cfg = OmegaConf.merge(OmegaConf.load(path), OmegaConf.create(translated))
+    OmegaConf.resolve(cfg)
+    return cfg
 
 
 def cluster_size(config: Config) -> tuple[int, int]:
@@ -94,17 +98,16 @@ class VerlTrainer:
     Args:
         config: a resolved :class:`~trinity.config.Config` with ``trainer.trainer_type: verl``.
         total_steps: training steps for warm-up ratios and the cosine schedule (as NativeTrainer).
+        workers: ready worker groups by role (``actor``, ``ref``, ``critic``) instead of spawning
+            veRL's; for tests of the driver where no GPU is available.
     """
 
-    def __init__(self, config: Config, *, total_steps: int | None = None) -> None:
-        import ray
+    def __init__(
+        self, config: Config, *, total_steps: int | None = None, workers: dict[str, Any] | None = None
+    ) -> None:
         from transformers import AutoTokenizer
-        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-        from verl.single_controller.ray.base import create_colocated_worker_cls
-        from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
         from trinity.plugins import get_component
-        from trinity.trainer.verl.workers import TrinityActorWorker
 
         self.config = config
         algo = config.algorithm
@@ -138,10 +141,22 @@ class VerlTrainer:
         )
         self.pad_token_id = self.tokenizer.pad_token_id or 0
 
+        self.workers = workers if workers is not None else self._spawn(cfg)
+        self.global_step = 0
+
+    def _spawn(self, cfg: Any) -> dict[str, Any]:
+        """veRL's worker groups, one colocated Ray worker per trainer GPU, initialised."""
+        import ray
+        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+        from verl.single_controller.ray.base import create_colocated_worker_cls
+        from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+
+        from trinity.trainer.verl.workers import TrinityActorWorker
+
         pool = RayResourcePool(
             process_on_nodes=[cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
             use_gpu=True,
-            name_prefix=f"{config.trainer.name}_verl",
+            name_prefix=f"{self.config.trainer.name}_verl",
         )
         class_dict = {
             "actor": RayClassWithInitArgs(
@@ -159,18 +174,18 @@ class VerlTrainer:
         group = RayWorkerGroup(
             resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(class_dict), device_name="cuda"
         )
-        self.workers = group.spawn(prefix_set=list(class_dict))
+        workers = group.spawn(prefix_set=list(class_dict))
         if critic_cfg is not None:
             from verl.workers.utils.losses import value_loss
 
-            self.workers["critic"].reset()
-            self.workers["critic"].set_loss_fn(partial(value_loss, config=critic_cfg))
+            workers["critic"].reset()
+            workers["critic"].set_loss_fn(partial(value_loss, config=critic_cfg))
         if self.use_ref:
-            self.workers["ref"].init_model()
-        self.workers["actor"].init_model()
+            workers["ref"].init_model()
+        workers["actor"].init_model()
         # veRL's actor installs its own PPO loss in init_model; ours replaces it.
-        self.workers["actor"].set_loss_fn(self.actor_loss)
-        self.global_step = 0
+        workers["actor"].set_loss_fn(self.actor_loss)
+        return workers
 
     def _component(self, key: str, kind: str) -> Any:
         from trinity.plugins import get_component
