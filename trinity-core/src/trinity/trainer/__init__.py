@@ -2,6 +2,7 @@
 
 - :mod:`trinity.trainer.batch`: experiences → padded tensors (veRL layout, DPO pairs);
 - :mod:`trinity.trainer.native`: ``NativeTrainer`` (``trainer.trainer_type: native``);
+- :mod:`trinity.trainer.verl`: ``VerlTrainer`` on veRL's FSDP workers (``trainer_type: verl``, GPU);
 - :mod:`trinity.trainer.checkpoint`: ``global_step_N`` folders, resume, Trinity-RFT's rename rule;
 - :mod:`trinity.trainer.schedule`, :mod:`~trinity.trainer.micro_batch`,
   :mod:`~trinity.trainer.forward`, :mod:`~trinity.trainer.critic`, :mod:`~trinity.trainer.metrics`.
