@@ -8,7 +8,10 @@ seed) from the same locally created tiny model. The engine additionally keeps th
 computes each sampled token's logprob, cuts responses at EOS and builds Experiences; the baseline
 does none of that. Throughput is response tokens per second (tokens up to and including EOS).
 Prints the median of each and the ratio engine / plain, median and best-of-N (target >= 0.9);
-the two paths alternate, so load from other processes hits both alike.
+the two paths alternate, so load from other processes hits both alike. On a shared, busy
+machine wall-clock ratios swing widely (a thread that loses its core stalls the whole step), so
+the ratio of tokens per second of *process CPU time* is printed too: it counts the work each
+path does and hardly moves with other processes' load (most telling with ``--threads 1``).
 """
 
 from __future__ import annotations
@@ -82,18 +85,20 @@ def main() -> None:
             n=args.n, max_tokens=args.max_tokens, temperature=1.0, top_k=-1, top_p=1.0
         )
 
-        engine_tps, plain_tps = [], []
+        engine_tps, plain_tps, engine_cpu, plain_cpu = [], [], [], []
         plain_generate(engine, prompt_ids[:2], 1, 4, 0)  # warm-up
         for r in range(args.repeats):
             seed = 1000 + r
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             groups = engine.generate_tokens(prompt_ids, sampling.updated(seed=seed))
             engine_tokens = sum(e.response_length for g in groups for e in g)
             engine_tps.append(engine_tokens / (time.perf_counter() - start))
+            engine_cpu.append(engine_tokens / (time.process_time() - cpu))
 
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             plain_tokens = plain_generate(engine, prompt_ids, args.n, args.max_tokens, seed)
             plain_tps.append(plain_tokens / (time.perf_counter() - start))
+            plain_cpu.append(plain_tokens / (time.process_time() - cpu))
             print(f"repeat {r}: engine {engine_tokens} tok, {engine_tps[-1]:.0f} tok/s | "
                   f"plain {plain_tokens} tok, {plain_tps[-1]:.0f} tok/s")  # fmt: skip
 
@@ -104,6 +109,8 @@ def main() -> None:
     print(f"plain model.generate: {p:.0f} tokens/s")
     print(f"ratio engine / plain: {e / p:.3f} median, {max(engine_tps) / max(plain_tps):.3f} best-of-"
           f"{args.repeats}  (target >= 0.9)")  # fmt: skip
+    ec, pc = statistics.median(engine_cpu), statistics.median(plain_cpu)
+    print(f"ratio per CPU second: {ec / pc:.3f} median ({ec:.0f} vs {pc:.0f} tokens per CPU second)")
 
 
 if __name__ == "__main__":
