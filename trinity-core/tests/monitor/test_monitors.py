@@ -38,6 +38,20 @@ def test_tensorboard_writes_scalars(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("actor/pg_loss")] == [(1, 0.5), (2, 1.0), (3, 1.5)]
 
 
+def test_read_scalars_returns_what_was_logged(tmp_path):
+    from trinity.monitor.tensorboard import read_scalars
+
+    config = _config(tmp_path, "tensorboard")
+    monitor = get_monitors(config, role="explorer")
+    monitor.log({"eval/t/accuracy": 0.25}, 0)
+    monitor.log({"eval/t/accuracy": 0.75, "rollout/reward_mean": 1.0}, 4)
+    monitor.close()
+    scalars = read_scalars(os.path.join(config.job_dir, "monitor", "tensorboard", "explorer"))
+    assert scalars == {"eval/t/accuracy": [(0, 0.25), (4, 0.75)], "rollout/reward_mean": [(4, 1.0)]}
+    with pytest.raises(FileNotFoundError, match="no tensorboard folder"):
+        read_scalars(tmp_path / "missing")
+
+
 def test_console_plain_lines_when_not_a_tty():
     out = io.StringIO()
     monitor = ConsoleMonitor("trainer", total_steps=10, stream=out)

@@ -8,6 +8,23 @@ from typing import Any
 from trinity.monitor.base import Monitor, scalar_metrics
 
 
+def read_scalars(log_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the event files of ``log_dir`` (one role's folder): ``{tag: [(step, value)]}``.
+
+    Points of a tag are in the order they were logged. For scripts and tests that check a
+    finished run (``<job_dir>/monitor/tensorboard/explorer``) without a TensorBoard server.
+    """
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not os.path.isdir(log_dir):
+        raise FileNotFoundError(
+            f"no tensorboard folder at {log_dir}; did the run use the tensorboard monitor?"
+        )
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})  # 0 keeps every point
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
 class TensorboardMonitor(Monitor):
     """Writes every numeric metric as a scalar with ``torch.utils.tensorboard``."""
 
@@ -29,4 +46,4 @@ class TensorboardMonitor(Monitor):
         self._writer.close()
 
 
-__all__ = ["TensorboardMonitor"]
+__all__ = ["TensorboardMonitor", "read_scalars"]
