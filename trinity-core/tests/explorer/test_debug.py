@@ -102,6 +102,46 @@ def test_debug_shows_workflow_tracebacks(tmp_path, tiny_model_path, manager):
     assert "1 of 1 task(s) failed" in result.output
 
 
+JUDGE_WORKFLOW = textwrap.dedent(
+    """
+    from trinity import hookimpl
+    from trinity.workflow import Workflow
+
+    class JudgedWorkflow(Workflow):
+        def run(self):
+            [exp] = self.model.chat([{"role": "user", "content": self.task.task_desc}], max_tokens=4, seed=0)
+            judge = self.auxiliary_models[0]
+            [verdict] = judge.chat([{"role": "user", "content": "rate: " + exp.response_text}], max_tokens=3)
+            exp.reward = 1.0
+            exp.info.update(judge=judge.model_name, judge_path=judge.model_path, n_aux=len(self.auxiliary_models))
+            return [exp]
+
+    @hookimpl
+    def register_workflows(register):
+        register("judged_debug_wf", JudgedWorkflow)
+    """
+)
+
+
+def test_debug_loads_the_auxiliary_models(tmp_path, tiny_model_path, manager):
+    config, plugins = _setup(tmp_path, tiny_model_path, [{"prompt": "1+1=", "response": "2"}])
+    (plugins / "toy.py").write_text(JUDGE_WORKFLOW)
+    text = config.read_text().replace("toy_debug_wf", "judged_debug_wf")
+    text += (
+        f"  auxiliary_models: [{{name: judge, model_path: {tiny_model_path}, engine_type: transformers}}]\n"
+    )
+    config.write_text(text)
+    out = tmp_path / "exps.jsonl"
+    result = CliRunner().invoke(
+        debug, ["--config", str(config), "--plugin-dir", str(plugins), "--output-file", str(out)]
+    )
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert f"loading auxiliary model {tiny_model_path}" in result.output
+    [line] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert line["info"]["judge"] == "judge" and line["info"]["judge_path"] == str(tiny_model_path)
+    assert line["info"]["n_aux"] == 1
+
+
 def test_importing_debug_is_light():
     code = "import sys, trinity.explorer.debug; print(any(m in sys.modules for m in ('torch', 'transformers', 'ray')))"
     assert subprocess.run(
