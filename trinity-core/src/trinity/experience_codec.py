@@ -51,7 +51,7 @@ def _to_numpy(tensor: Any) -> tuple[Any, str, str]:
     arr = t.numpy()
     if name == "int64" and arr.size and arr.min() >= _INT32_MIN and arr.max() <= _INT32_MAX:
         arr, stored = arr.astype(np.int32), "int32"
-    elif not arr.flags.c_contiguous:
+    if not arr.flags.c_contiguous:  # views and transposes; astype keeps a Fortran layout
         arr = np.ascontiguousarray(arr)
     return arr, name, stored
 
@@ -73,21 +73,20 @@ def encode(exp: Experience, tensor_fields: tuple[str, ...], plain_fields: tuple[
         elif value is not None:
             fields[name] = value
     specs = []
-    chunks: list[bytes] = []
+    chunks: list[Any] = []
     offset = 0
     for name in tensor_fields:
         value = getattr(exp, name)
         if value is None:
             continue
         stored, dtype_name, stored_name = _to_numpy(value)
-        data = stored.tobytes()
         pad = -offset % 8
         if pad:
             chunks.append(b"\0" * pad)
             offset += pad
         specs.append((name, dtype_name, stored_name, stored.shape, offset))
-        chunks.append(data)
-        offset += len(data)
+        chunks.append(stored.data)  # a buffer view: join copies it once, straight into the blob
+        offset += stored.nbytes
     meta = pickle.dumps((fields, tuple(specs)), protocol=5)
     return b"".join([_HEADER.pack(MAGIC, VERSION, len(meta)), meta, *chunks])
 

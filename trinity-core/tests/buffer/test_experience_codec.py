@@ -72,6 +72,15 @@ def test_dpo_empty_noncontiguous_and_grad_tensors_roundtrip():
     assert back.logprobs.shape == (0,) and not back.logprobs.requires_grad
 
 
+def test_multi_dimensional_and_transposed_tensors_keep_their_values():
+    exp = Experience(tokens=torch.arange(4), prompt_length=2)
+    exp.chosen = torch.arange(12).reshape(3, 4).t()  # Fortran-ordered int64 (narrowed to int32)
+    exp.rejected = torch.rand(2, 3, dtype=torch.float64).t()
+    back = Experience.deserialize(exp.serialize())
+    assert torch.equal(back.chosen, exp.chosen) and back.chosen.shape == (4, 3)
+    assert torch.equal(back.rejected, exp.rejected)
+
+
 def test_deserialized_tensors_are_writable_and_independent():
     blob = Experience(tokens=torch.arange(4), prompt_length=2, logprobs=torch.zeros(2)).serialize()
     a, b = Experience.deserialize(blob), Experience.deserialize(blob)

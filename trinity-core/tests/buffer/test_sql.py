@@ -110,10 +110,19 @@ def _check(proc: subprocess.Popen, timeout: float = 120) -> None:
 @pytest.mark.e2e
 def test_four_writer_processes_two_reader_processes_exactly_once(tmp_path):
     url = _url(tmp_path)
-    SQLStorage(url, "exp").counts()  # create the tables up front
+    storage = SQLStorage(url, "exp")
+    # Readers stop once every *registered* writer has finished; a fast writer can finish before
+    # a slow one has even started, so a gate writer stays open until all four registered.
+    gate = storage.register_writer()
     outs = [tmp_path / f"read{i}.txt" for i in range(2)]
     readers = [_run("read", url, str(out), "200") for out in outs]
     writers = [_run("write", url, f"w{i}", "5000", "250") for i in range(4)]
+    deadline = time.monotonic() + 120
+    while storage.counts()["writers"] < 5:
+        assert all(p.poll() in (None, 0) for p in writers), "a writer failed"
+        assert time.monotonic() < deadline, "writers never registered"
+        time.sleep(0.01)
+    storage.finish_writer(gate)
     for p in writers + readers:
         _check(p)
     seen = [line for out in outs for line in out.read_text().splitlines()]
@@ -122,7 +131,7 @@ def test_four_writer_processes_two_reader_processes_exactly_once(tmp_path):
     assert set(seen) == expected
     assert all(len(out.read_text().splitlines()) > 0 for out in outs), "one reader starved"
     counts = SQLStorage(url, "exp").counts()
-    assert counts == {"total": 20000, "unread": 0, "writers": 4, "open_writers": 0}
+    assert counts == {"total": 20000, "unread": 0, "writers": 5, "open_writers": 0}
 
 
 @pytest.mark.e2e

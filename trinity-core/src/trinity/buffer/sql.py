@@ -23,7 +23,6 @@ reader/writer objects the trainer and explorer use in :mod:`trinity.buffer.sql_i
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 import uuid
@@ -50,29 +49,10 @@ __all__ = ["SQLReader", "SQLStorage", "SQLWriter", "normalise_url", "table_name_
 
 _TEXT_LIMIT = 1_000_000  # keep pathological texts from bloating the queryable columns
 _INIT_LOCK = threading.Lock()
-# Experiences serialised per chunk when a write is pipelined (see SQLStorage.write).
-_PIPELINE_CHUNK = 128
 
 
 def _clip(text: str | None) -> str | None:
     return text if text is None or len(text) <= _TEXT_LIMIT else text[:_TEXT_LIMIT]
-
-
-class _NextId:
-    """Row ids for SQLite inserts: ``BEGIN IMMEDIATE`` holds the only write lock, so nobody can
-    take ids between ``max(id)`` and the insert, and no ``RETURNING`` is needed to learn them."""
-
-    def __init__(self, table: sa.Table) -> None:
-        self.table = table
-        self.next: int | None = None
-
-    def take(self, conn: sa.Connection, n: int) -> int:
-        import sqlalchemy as sa
-
-        if self.next is None:
-            self.next = (conn.execute(sa.select(sa.func.max(self.table.c.id))).scalar() or 0) + 1
-        first, self.next = self.next, self.next + n
-        return first
 
 
 def _unique_uids(experiences: Sequence[Experience]) -> list[str]:
@@ -228,62 +208,32 @@ class SQLStorage:
         if not rows:
             return []
         with self.engine.begin() as conn:
-            new = self._insert(conn, [rows], _NextId(self.table))
+            new = self._insert(conn, rows)
         return [new.get(row["uid"]) for row in rows]
 
-    def _insert(self, conn: sa.Connection, chunks: Any, next_id: _NextId) -> dict[str, int]:
-        """Insert each list of rows that ``chunks`` yields, inside ``conn``'s transaction."""
-        new: dict[str, int] = {}
-        sqlite = conn.dialect.name == "sqlite"
-        for rows in chunks:
-            first = next_id.take(conn, len(rows)) if sqlite else None
-            new.update(self._inserter.insert(conn, rows, [row["blob"] for row in rows], first))
-        return new
+    def _insert(self, conn: sa.Connection, rows: list[dict]) -> dict[str, int]:
+        """Insert ``rows`` inside ``conn``'s transaction; ``{uid: id}`` of those stored."""
+        import sqlalchemy as sa
+
+        first = None
+        if conn.dialect.name == "sqlite":
+            # BEGIN IMMEDIATE holds the only write lock, so nobody can take ids between max(id)
+            # and the insert, and no RETURNING is needed to learn them.
+            t = self.table
+            first = (conn.execute(sa.select(sa.func.max(t.c.id))).scalar() or 0) + 1
+        return self._inserter.insert(conn, rows, [row["blob"] for row in rows], first)
 
     def write(self, experiences: Sequence[Experience], writer_id: str | None = None) -> int:
         """Append ``experiences`` in one transaction (after a crash: all stored or none).
 
         Returns how many were stored; the others had a ``uid`` that was stored already.
-        Large batches are serialised in chunks by a helper thread while this one inserts the
-        previous chunk: SQLite releases the GIL while it writes, so the two overlap.
         """
         if not experiences:
             return 0
-        uids = _unique_uids(experiences)
-        n = len(experiences)
-        step = _PIPELINE_CHUNK
-        if n <= step:
-            rows = self.rows_for(experiences, writer_id, uids)
-            with self.engine.begin() as conn:
-                return len(self._insert(conn, [rows], _NextId(self.table)))
-        chunks: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        stop = threading.Event()
-
-        def serialise() -> None:
-            try:
-                for i in range(0, n, step):
-                    if stop.is_set():
-                        return
-                    chunks.put(self.rows_for(experiences[i : i + step], writer_id, uids[i : i + step]))
-                chunks.put(None)
-            except BaseException as exc:  # re-raised by the inserting thread: rolls back
-                chunks.put(exc)
-
-        def consume() -> Any:
-            while (item := chunks.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-
-        self.engine  # noqa: B018 - connect before the helper thread needs the tables
-        worker = threading.Thread(target=serialise, name="sql-buffer-serialise", daemon=True)
-        worker.start()
-        try:
-            with self.engine.begin() as conn:
-                return len(self._insert(conn, consume(), _NextId(self.table)))
-        finally:
-            stop.set()
-            worker.join()
+        # Serialised before the transaction: the write lock is held only for the inserts.
+        rows = self.rows_for(experiences, writer_id)
+        with self.engine.begin() as conn:
+            return len(self._insert(conn, rows))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -303,9 +253,7 @@ class SQLStorage:
             # Chunks stay under every database's bound-parameter limit.
             for start in range(0, len(ids), 5000):
                 chunk = list(ids[start : start + 5000])
-                out.update(
-                    (r[0], r[1]) for r in conn.execute(sa.select(b.c.id, b.c.blob).where(b.c.id.in_(chunk)))
-                )
+                out.update(conn.execute(sa.select(b.c.id, b.c.blob).where(b.c.id.in_(chunk))).all())
         return out
 
     def _consumed_by(self, reader_id: str | None, read_seq: int | None, step: int | None) -> dict:
