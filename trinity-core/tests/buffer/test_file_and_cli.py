@@ -51,9 +51,12 @@ def test_buffer_show_prints_prompt_response_reward_version(tmp_path, make_experi
     url = f"sqlite:///{tmp_path / 'buf.db'}"
     cfg = ExperienceBufferConfig(name="countdown", storage_type="sql", path=url)
     get_buffer_writer(cfg).write([make_experience(i, model_version=7) for i in range(5)])
-    get_buffer_reader(cfg).read(2, timeout=0)
+    reader = get_buffer_reader(cfg)
+    reader.set_step(4)
+    reader.read(2, timeout=0)
     result = CliRunner().invoke(buffer_group, ["show", "--path", url, "--limit", "3"])
     assert result.exit_code == 0, result.output
+    assert result.output.count("step 4") == 2  # the trainer step that read the row
     assert "countdown: 5 experiences, 3 unread" in result.output
     assert "prompt 2" in result.output and "response 2" in result.output
     assert "prompt 3" not in result.output

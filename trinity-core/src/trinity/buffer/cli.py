@@ -63,6 +63,8 @@ def buffer_show(path: str, table: str | None, limit: int, unread: bool, width: i
                 t.c.model_version,
                 t.c.reward,
                 t.c.consumed,
+                # The trainer step that read the row (tables from before it was recorded lack it).
+                (t.c.consumed_step if "consumed_step" in t.c else sa.null()).label("consumed_step"),
                 t.c.prompt_text,
                 t.c.response_text,
             )
@@ -94,7 +96,7 @@ def buffer_show(path: str, table: str | None, limit: int, unread: bool, width: i
             str(r.run_id),
             str(r.model_version),
             reward,
-            "yes" if r.consumed else "no",
+            ("no" if not r.consumed else f"step {r.consumed_step}" if r.consumed_step is not None else "yes"),
             _short(r.prompt_text, width),
             _short(r.response_text, width),
         )
