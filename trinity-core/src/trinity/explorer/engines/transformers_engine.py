@@ -157,13 +157,17 @@ class TransformersEngine(RolloutEngine):
             tokenizer=self.tokenizer if args.stop else None,
         )
         responses = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float()  # (B*n, T, V), raw (before top-k/p)
-        logprobs = (
-            torch.log_softmax(logits / args.logprob_temperature, dim=-1)
-            .gather(-1, responses.unsqueeze(-1))
-            .squeeze(-1)
-            .cpu()
-        )
+        # Raw logits (before top-k/p), one (B*n, V) tensor per step. Reduce step by step: stacking
+        # them into a float32 (B*n, T, V) block costs gigabytes with a real vocabulary.
+        logprobs = torch.stack(
+            [
+                torch.log_softmax(step.float() / args.logprob_temperature, dim=-1)
+                .gather(-1, responses[:, t : t + 1])
+                .squeeze(-1)
+                for t, step in enumerate(out.logits)
+            ],
+            dim=1,
+        ).cpu()
         responses = responses.cpu()
 
         eos = set(self.eos_token_ids)
