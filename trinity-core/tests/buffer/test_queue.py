@@ -87,6 +87,39 @@ def test_sql_mirror_skips_experiences_it_already_holds(tmp_path, make_experience
     assert SQLStorage(url, name).counts() == {"total": 6, "unread": 0, "writers": 0, "open_writers": 0}
 
 
+def test_resumed_reader_gets_the_rows_read_after_its_state_again(tmp_path, make_experience):
+    name, url = _name(), f"sqlite:///{tmp_path / 'backup.db'}"
+    actor = get_queue_actor(name, mirror_url=url)
+    QueueWriter(actor).write([make_experience(i) for i in range(12)])
+    reader = QueueReader(actor)
+    assert [e.eid.task for e in reader.read(3, timeout=1)] == [0, 1, 2]
+    saved = reader.state_dict()  # the checkpoint
+    assert [e.eid.task for e in reader.read(3, timeout=1)] == [3, 4, 5]
+    assert [e.eid.task for e in reader.read(3, timeout=1)] == [6, 7, 8]
+    # The trainer crashes; the queue actor dies too and comes back from its mirror (9, 10, 11).
+    ray.kill(actor)
+    time.sleep(0.5)
+    revived = get_queue_actor(name, mirror_url=url)
+    resumed = QueueReader(revived)
+    resumed.load_state_dict(saved)
+    assert resumed.released == 6
+    assert [e.eid.task for e in resumed.read(9, timeout=1)] == [3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert SQLStorage(url, name).counts()["unread"] == 0
+
+
+def test_without_a_mirror_a_resume_says_what_it_cannot_give_back(make_experience, caplog):
+    actor = get_queue_actor(_name())
+    QueueWriter(actor).write([make_experience(i) for i in range(4)])
+    reader = QueueReader(actor)
+    saved = reader.state_dict()
+    reader.read(2, timeout=1)
+    resumed = QueueReader(actor, name="plain")
+    with caplog.at_level("WARNING", logger="trinity.buffer.queue"):
+        resumed.load_state_dict(saved)
+    assert "has no SQL mirror" in caplog.text and resumed.released == 0
+    assert [e.eid.task for e in resumed.read(4, timeout=0.2)] == [2, 3]
+
+
 def test_priority_replay_prefers_new_versions_and_reuses_after_cooldown(make_experience):
     actor = get_queue_actor(
         _name(),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import itertools
 import logging
 from collections import deque
@@ -176,9 +177,12 @@ class QueueActor:
     def _exhausted(self) -> bool:
         return bool(self._writers) and all(self._writers.values()) and self._size() == 0
 
-    async def get(self, n: int, timeout: float | None) -> list[bytes] | None:
+    async def get(
+        self, n: int, timeout: float | None, reader_id: str | None = None, read_seq: int | None = None
+    ) -> list[bytes] | None:
         """Up to ``n`` blobs, waiting at most ``timeout`` seconds for a full batch;
-        ``None`` when every writer finished and nothing is left."""
+        ``None`` when every writer finished and nothing is left. ``reader_id``/``read_seq``
+        are recorded in the SQL mirror (see :meth:`release`)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         out: list[tuple[int | None, bytes, int, int]] = []
@@ -196,10 +200,31 @@ class QueueActor:
         if not out and self._exhausted():
             return None
         if self.mirror is not None:
-            await asyncio.to_thread(self.mirror.claim_ids, [i for i, *_ in out if i is not None])
+            ids = [i for i, *_ in out if i is not None]
+            await asyncio.to_thread(
+                functools.partial(self.mirror.claim_ids, ids, reader_id=reader_id, read_seq=read_seq)
+            )
         if self.priority and self.reuse_cooldown_time is not None and out:
             asyncio.get_running_loop().create_task(self._reinsert_later(out))
         return [blob for _, blob, *_ in out]
+
+    async def release(self, reader_id: str, after_seq: int) -> int | None:
+        """Queue again, ahead of everything else and in their original order, the rows that
+        ``reader_id`` read after its read number ``after_seq`` (a trainer resumed from a
+        checkpoint: the steps that trained on them were lost). Returns how many, or ``None``
+        without an SQL mirror, which is the only place read rows are kept."""
+        if self.mirror is None:
+            return None
+        ids = await asyncio.to_thread(self.mirror.release, reader_id, after_seq)
+        blobs = await asyncio.to_thread(self.mirror.fetch_blobs, ids)
+        async with self._cond:
+            if self.priority:
+                for i in ids:
+                    self._push(i, blobs[i], 0, 0)  # as rows reloaded at start-up: version unknown
+            else:
+                self._fifo.extendleft((i, blobs[i]) for i in reversed(ids))
+            self._cond.notify_all()
+        return len(ids)
 
     def stats(self) -> dict[str, Any]:
         """Queue length, capacity, dropped rows and writer states (for monitoring/tests)."""
@@ -309,14 +334,20 @@ class QueueReader:
     """:class:`~trinity.buffer.base.BufferReader` for ``storage_type: queue``.
 
     ``read`` waits up to ``timeout`` (default ``max_read_timeout``) for a full batch, then
-    returns what it has.
+    returns what it has. As :class:`~trinity.buffer.sql_io.SQLReader`, it numbers its reads;
+    with an SQL mirror, :meth:`load_state_dict` queues again the rows read after that state.
     """
 
     def __init__(self, actor: Any, max_read_timeout: float | None = 1800.0, name: str = "queue") -> None:
+        import uuid
+
         self.actor = actor
         self.max_read_timeout = max_read_timeout
         self.name = name
         self.rows_read = 0
+        self.reader_id = uuid.uuid4().hex
+        self.read_seq = 0
+        self.released = 0
 
     def read(self, batch_size: int, timeout: float | None = None) -> list[Experience]:
         """Up to ``batch_size`` experiences; :class:`BufferExhausted` when writers are done."""
@@ -325,16 +356,38 @@ class QueueReader:
         from trinity.experience import Experience
 
         timeout = self.max_read_timeout if timeout is None else timeout
-        blobs = ray.get(self.actor.get.remote(batch_size, timeout))
+        self.read_seq += 1
+        blobs = ray.get(self.actor.get.remote(batch_size, timeout, self.reader_id, self.read_seq))
         if blobs is None:
             raise BufferExhausted(f"queue buffer {self.name!r}: all writers finished")
         self.rows_read += len(blobs)
         return [Experience.deserialize(b) for b in blobs]
 
     def state_dict(self) -> dict[str, Any]:
-        """The queue holds the position (mirrored to SQL when ``path`` is set)."""
-        return {"rows_read": self.rows_read}
+        """This reader's id and read number (and a row counter for monitoring)."""
+        return {"rows_read": self.rows_read, "reader_id": self.reader_id, "read_seq": self.read_seq}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Nothing to restore beyond the counter."""
+        """Continue as the reader that saved ``state``; rows it read after saving it are queued
+        again when the queue has an SQL mirror (``path``), and reported lost otherwise."""
+        import ray
+
         self.rows_read = int(state.get("rows_read", 0))
+        if "reader_id" not in state:
+            return
+        self.reader_id, self.read_seq = str(state["reader_id"]), int(state["read_seq"])
+        released = ray.get(self.actor.release.remote(self.reader_id, self.read_seq))
+        if released is None:
+            logger.warning(
+                "queue buffer %r has no SQL mirror (path): experiences read after the checkpoint "
+                "cannot be given back, so the resumed trainer will not see them",
+                self.name,
+            )
+            return
+        self.released = released
+        if released:
+            logger.info(
+                "queue buffer %r: %d experiences read after the checkpoint are queued again",
+                self.name,
+                released,
+            )

@@ -319,17 +319,18 @@ class SQLStorage:
                 t.update().where(t.c.id.in_(list(ids))).values(**self._consumed_by(reader_id, read_seq, None))
             )
 
-    def release(self, reader_id: str, after_seq: int) -> int:
+    def release(self, reader_id: str, after_seq: int) -> list[int]:
         """Make the rows that ``reader_id`` claimed with a read sequence number above
-        ``after_seq`` unread again (in their original order); returns how many."""
+        ``after_seq`` unread again; returns their ids in read (FIFO) order."""
         t = self.table
         stmt = (
             t.update()
             .where(t.c.reader_id == reader_id, t.c.read_seq > after_seq, t.c.consumed == 1)
             .values(consumed=0, consumed_at=None, reader_id=None, read_seq=None, consumed_step=None)
+            .returning(t.c.id)
         )
         with self.engine.begin() as conn:
-            return conn.execute(stmt).rowcount
+            return sorted(conn.execute(stmt).scalars())
 
     def unread(self, order: str = "fifo", limit: int | None = None) -> list[tuple[int, bytes]]:
         """Unread rows without claiming them (the queue actor reloads these after a restart)."""

@@ -141,7 +141,7 @@ class SQLReader:
             return  # a state from before read sequences were recorded: nothing to give back
         self.reader_id = str(state["reader_id"])
         self.read_seq = int(state["read_seq"])
-        self.released = self.storage.release(self.reader_id, self.read_seq)
+        self.released = len(self.storage.release(self.reader_id, self.read_seq))
         if self.released:
             logger.info(
                 "SQL buffer %r: %d experiences read after the checkpoint are unread again",
