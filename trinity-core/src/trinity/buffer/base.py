@@ -35,4 +35,10 @@ class BufferReader(Protocol):
         """Reader position, saved in checkpoints."""
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a position saved by :meth:`state_dict`."""
+        """Restore a position saved by :meth:`state_dict`.
+
+        Experience buffers (``sql``, and ``queue`` with an SQL mirror) also make the
+        experiences this reader consumed *after* saving ``state`` unread again: the trainer
+        steps that trained on them were lost with the crash. Readers may offer
+        ``set_step(step)`` to record which trainer step consumed each experience.
+        """
