@@ -4,6 +4,7 @@ when an actor dies mid-run and when the user presses Ctrl-C."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,9 +75,12 @@ def root(tmp_path_factory) -> Path:
     return root
 
 
-def _ray_pids() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "raylet|gcs_server"], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
+def _ray_pids(driver_pid: int) -> set[int]:
+    """The Ray server processes of the local cluster a driver started (its session dir, under
+    /tmp/ray/session_<date>_<time>_<driver pid>, is on their command lines)."""
+    out = subprocess.run(["pgrep", "-af", "raylet|gcs_server"], capture_output=True, text=True).stdout
+    session = re.compile(rf"session_[0-9_-]+_{driver_pid}\b")
+    return {int(line.split()[0]) for line in out.splitlines() if session.search(line)}
 
 
 def _start(root: Path, name: str, workflow: str, steps: int) -> subprocess.Popen:
@@ -102,28 +106,26 @@ def _start(root: Path, name: str, workflow: str, steps: int) -> subprocess.Popen
     )
 
 
-def _wait_gone(before: set[int], seconds: float = 20) -> set[int]:
+def _wait_gone(driver_pid: int, seconds: float = 20) -> set[int]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        left = _ray_pids() - before
+        left = _ray_pids(driver_pid)
         if not left:
             return left
         time.sleep(0.5)
-    return _ray_pids() - before
+    return _ray_pids(driver_pid)
 
 
 def test_dead_actor_fails_the_job_cleanly(root):
-    before = _ray_pids()
     proc = _start(root, "dying", "dying_workflow", steps=3)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, out[-3000:]
     assert "job failed: explorer step: an actor died" in out
     assert "Traceback" not in out
-    assert not _wait_gone(before), "Ray processes were left running"
+    assert not _wait_gone(proc.pid), "Ray processes were left running"
 
 
 def test_ctrl_c_stops_the_job_cleanly(root):
-    before = _ray_pids()
     proc = _start(root, "interrupted", "math_workflow", steps=1000)
     # Wait until training is under way, then press Ctrl-C.
     lines = []
@@ -133,8 +135,10 @@ def test_ctrl_c_stops_the_job_cleanly(root):
             break
     else:
         pytest.fail("the job ended before its first step: " + "".join(lines)[-3000:])
+    # The job's own Ray servers are found while it runs (so the check below can fail).
+    assert _ray_pids(proc.pid), "could not find the job's Ray processes"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(lines)[-2000:] + out[-2000:]
     assert "interrupted" in out
-    assert not _wait_gone(before), "Ray processes were left running"
+    assert not _wait_gone(proc.pid), "Ray processes were left running"
