@@ -72,6 +72,9 @@ def vllm_api(session: nox.Session) -> None:
     argument and output field the ``vllm`` rollout engine uses exists in that release.
     Pass a version with ``nox -s vllm_api -- vllm==0.11.0``."""
     session.install(*(session.posargs or ["vllm"]))
+    # vLLM's media dependencies ship CUDA extension libraries that do not load beside a CPU
+    # torch; transformers imports them only when present, and the API check needs none of them.
+    session.run("python", "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec")
     # --no-deps: vLLM brings torch / transformers / ray; the adapter needs only pluggy besides.
     session.install("--no-deps", "-e", "trinity-core")
     session.install("pluggy>=1.3")

@@ -44,6 +44,24 @@ def names_of(cls: type) -> set[str]:
     return names
 
 
+def logprobs_modes() -> list[str]:
+    """The values ``AsyncEngineArgs.logprobs_mode`` accepts (a ``Literal``), or [] if unknown.
+
+    Only this one annotation is resolved: resolving every hint of the class fails on forward
+    references to names vLLM imports only for type checking.
+    """
+    if not dataclasses.is_dataclass(vllm.AsyncEngineArgs):
+        return []
+    field = {f.name: f for f in dataclasses.fields(vllm.AsyncEngineArgs)}.get("logprobs_mode")
+    if field is None:
+        return []
+    annotation = field.type
+    if isinstance(annotation, str):
+        with contextlib.suppress(Exception):
+            annotation = eval(annotation, vars(sys.modules[vllm.AsyncEngineArgs.__module__]))
+    return [a for m in typing.get_args(annotation) for a in (typing.get_args(m) or [m])]
+
+
 def main() -> int:
     missing = []
     for cls_name, wanted in VLLM_API.items():
@@ -51,11 +69,7 @@ def main() -> int:
         missing += [f"{cls_name}.{n}" for n in wanted if n not in available]
     if not hasattr(sampling_params.RequestOutputKind, "FINAL_ONLY"):
         missing.append("sampling_params.RequestOutputKind.FINAL_ONLY")
-    hints = (
-        typing.get_type_hints(vllm.AsyncEngineArgs) if dataclasses.is_dataclass(vllm.AsyncEngineArgs) else {}
-    )
-    modes = typing.get_args(hints.get("logprobs_mode", ""))
-    literal = [a for m in modes for a in (typing.get_args(m) or [m])]
+    literal = logprobs_modes()
     if literal and "processed_logprobs" not in literal:
         missing.append(f"AsyncEngineArgs.logprobs_mode='processed_logprobs' (choices: {literal})")
     print(f"vLLM {vllm.__version__}: checked {sum(map(len, VLLM_API.values()))} names")
