@@ -9,6 +9,7 @@ them step by step and always shuts them down: on success, on Ctrl-C and when an 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -203,6 +204,11 @@ def _get(ray: Any, refs: Any, doing: str) -> Any:
         raise JobFailed(f"{doing}: an actor died ({exc})") from exc
 
 
+@functools.cache
+def _warn_once(message: str) -> None:
+    logger.warning(message)
+
+
 def _log(monitor: Any, metrics: dict[str, Any], step: int) -> None:
     monitor.log(
         {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}, step
@@ -307,6 +313,11 @@ def _sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> int:
     step submitted so far (never a half-updated model).
     """
     method = config.synchronizer.sync_method
+    if method == "nccl":
+        # Trinity-RFT configs ask for NCCL on GPUs; until it exists the object store carries the
+        # weights (slower for large models, same result).
+        _warn_once("synchronizer.sync_method 'nccl' is not implemented yet; syncing through memory")
+        method = "memory"
     if method == "checkpoint":
         path_and_version = trainer.save_weights.remote()
         return _get(ray, explorer.load_checkpoint.remote(path_and_version), "explorer checkpoint sync")
@@ -314,6 +325,4 @@ def _sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> int:
         weights_and_version = trainer.get_weights.remote()
         # Passing the ref inside a list keeps Ray from materialising it in the driver.
         return _get(ray, explorer.update_weights.remote([weights_and_version]), "explorer weight sync")
-    raise JobFailed(
-        f"synchronizer.sync_method {method!r} needs GPUs with vLLM (nccl); use 'memory' or 'checkpoint' on CPU"
-    )
+    raise JobFailed(f"synchronizer.sync_method {method!r}: use 'memory' or 'checkpoint'")

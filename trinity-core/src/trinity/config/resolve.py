@@ -286,11 +286,9 @@ def _load_trainer_config(path: str) -> dict[str, Any]:
 def _resolve_synchronizer(c: Config) -> None:
     s, rm = c.synchronizer, c.explorer.rollout_model
     if "sync_method" not in s.model_fields_set:
-        # NCCL needs both GPU backends and both sides running; otherwise pick what can work.
-        if c.mode != "both":
-            s.sync_method = "checkpoint"
-        elif rm.engine_type != "vllm" or c.trainer.trainer_type != "verl":
-            s.sync_method = "memory"
+        # Only separate processes (explore / train modes) need checkpoints on disk. NCCL sync is
+        # not implemented yet, so even vLLM + veRL default to memory (state dict via Ray).
+        s.sync_method = "checkpoint" if c.mode != "both" else "memory"
     s.explorer_sync_interval = s.explorer_sync_interval or s.sync_interval
     s.trainer_sync_interval = s.trainer_sync_interval or s.sync_interval
     s.explorer_world_size = rm.engine_num * rm.gpu_per_engine
