@@ -38,7 +38,7 @@ SEED = 0
 
 def prepare(work: Path) -> None:
     """Recreate ``work`` with the taskset (``data/``) and the tiny model (``model/``)."""
-    from trinity_math.tasks import arithmetic_problems, split, write_taskset
+    from trinity_math.tasks import arithmetic_problems, split, write_jsonl, write_taskset
     from trinity_math.tiny import create_math_model
 
     if work.exists() and any(work.iterdir()):
@@ -54,6 +54,8 @@ def prepare(work: Path) -> None:
     problems = arithmetic_problems(TRAIN_PROBLEMS + TEST_PROBLEMS, difficulty=DIFFICULTY, seed=SEED)
     train, test = split(problems, TEST_PROBLEMS)
     write_taskset(work / "data", train, test, sft=SFT_PROBLEMS)
+    # The train problems without an SFT solution, evaluated as "practice": what RL learns alone.
+    write_jsonl(work / "data" / "practice" / "train.jsonl", (p.row() for p in train[SFT_PROBLEMS:]))
     create_math_model(work / "model", seed=SEED)
     print(
         f"[quickstart] {len(train)} train / {len(test)} held-out test problems and "
@@ -69,28 +71,33 @@ def job_dirs(config_path: Path) -> list[Path]:
     return [Path(stage.checkpoint_job_dir) for stage in load_config(config_path).stage_configs()]
 
 
-def eval_accuracy(job_dir: Path) -> list[tuple[int, float]]:
-    """``(step, accuracy)`` of every evaluation on the held-out split in one stage."""
+def eval_accuracy(job_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{taskset: [(step, accuracy), ...]}`` of every evaluation in one stage."""
     from trinity.monitor.tensorboard import read_scalars
 
     scalars = read_scalars(job_dir / "monitor" / "tensorboard" / "explorer")
-    tags = [t for t in scalars if t.startswith("eval/") and t.endswith("/accuracy")]
-    if not tags:
+    found = {
+        tag.split("/")[1]: points
+        for tag, points in scalars.items()
+        if tag.startswith("eval/") and tag.endswith("/accuracy") and tag.count("/") == 2
+    }
+    if not found:
         raise RuntimeError(f"no eval/<taskset>/accuracy in {job_dir}/monitor/tensorboard/explorer")
-    return scalars[tags[0]]
+    return found
 
 
 def summary(config_path: Path, seconds: float) -> dict[str, float]:
-    """Print accuracy before RL / after RL, where the results are; return the numbers."""
-    stages = job_dirs(config_path)
-    rl = stages[-1]
-    points = eval_accuracy(rl)
+    """Print held-out accuracy before and after RL and where the results are; return the numbers."""
+    rl = job_dirs(config_path)[-1]
+    evals = eval_accuracy(rl)
+    points = evals.get("heldout") or next(iter(evals.values()))
     before, after = points[0][1], points[-1][1]
     print("\n" + "=" * 72)
     for label, (step, value) in (("after SFT, before RL", points[0]), ("after RL", points[-1])):
         print(f"held-out accuracy {label + ':':<22}{value:6.1%}  (RL step {step})")
     print(f"change: {100 * (after - before):+.1f} points   wall time: {seconds / 60:.1f} min")
-    print("every eval: " + ", ".join(f"step {s}: {v:.1%}" for s, v in points))
+    for name, series in evals.items():
+        print(f"eval {name}: " + ", ".join(f"step {s}: {v:.0%}" for s, v in series))
     checkpoints = sorted(rl.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
     if checkpoints:
         print(f"final weights (Hugging Face format): {checkpoints[-1]}")
