@@ -1,0 +1,37 @@
+"""The CPU example configs (quickstart, its OPMD variant, DPO) load and resolve as documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trinity.config import load_config
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize(("name", "rl_algorithm"), [("quickstart.yaml", "grpo"), ("opmd.yaml", "opmd")])
+def test_quickstart_is_sft_then_rl_on_cpu_backends(monkeypatch, tmp_path, name, rl_algorithm):
+    monkeypatch.setenv("QUICKSTART_DIR", str(tmp_path))
+    sft, rl = load_config(EXAMPLES / "quickstart" / name).stage_configs()
+    assert (sft.mode, sft.algorithm.algorithm_type) == ("train", "sft")
+    sft_data = sft.buffer.trainer_input.experience_buffer
+    assert (sft_data.schema_type, sft_data.path) == ("sft", f"{tmp_path}/data/sft")
+    assert (rl.mode, rl.algorithm.algorithm_type, rl.algorithm.repeat_times) == ("both", rl_algorithm, 8)
+    assert rl.explorer.eval_on_startup  # the first eval is the SFT-only model
+    assert [t.name for t in rl.buffer.explorer_input.eval_tasksets] == ["heldout", "practice"]
+    assert rl.buffer.explorer_input.eval_tasksets[0].split == "test"
+    assert rl.explorer.rollout_model.engine_type == "transformers"
+    assert rl.trainer.trainer_type == "native"
+    assert rl.synchronizer.sync_method == "memory"
+    assert rl.model.model_path == f"{tmp_path}/model"  # the launcher moves it to the SFT weights
+
+
+def test_dpo_example_trains_on_preference_pairs(monkeypatch, tmp_path):
+    monkeypatch.setenv("DPO_DIR", str(tmp_path))
+    config = load_config(EXAMPLES / "dpo" / "dpo.yaml")
+    assert (config.mode, config.algorithm.algorithm_type) == ("train", "dpo")
+    pairs = config.buffer.trainer_input.experience_buffer
+    assert (pairs.schema_type, pairs.path) == ("dpo", f"{tmp_path}/data/dpo")
+    assert config.trainer.trainer_type == "native"
