@@ -36,6 +36,20 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
     }
 
 
+def step_summary(
+    batch: dict[str, Any], timing: dict[str, float], global_step: int, max_response_length: int | None = None
+) -> dict[str, float]:
+    """Metrics every back-end reports at the end of a step: data statistics, the step's timings,
+    token throughput (``timing["timing/step"]`` must be set) and the global step."""
+    out = data_metrics(batch, max_response_length)
+    out.update(timing)
+    n_tokens = float(batch["attention_mask"].sum())
+    out["perf/total_num_tokens"] = n_tokens
+    out["perf/throughput"] = n_tokens / max(timing["timing/step"], 1e-9)
+    out["training/global_step"] = float(global_step)
+    return out
+
+
 def data_metrics(batch: dict[str, Any], max_response_length: int | None = None) -> dict[str, float]:
     """``critic/score``, ``critic/rewards``, ``critic/advantages``, ``critic/returns``,
     ``critic/values`` (mean/max/min), ``response_length/*`` and ``prompt_length/*``."""

@@ -28,7 +28,7 @@ from trinity.trainer import checkpoint as ckpt
 from trinity.trainer.batch import build_batch, to_device
 from trinity.trainer.critic import load_critic, value_loss
 from trinity.trainer.forward import forward_logprobs, forward_values
-from trinity.trainer.metrics import MetricAccumulator, data_metrics
+from trinity.trainer.metrics import MetricAccumulator, step_summary
 from trinity.trainer.micro_batch import make_micro_batches, micro_batch, micro_batch_weights
 from trinity.trainer.schedule import build_scheduler
 
@@ -239,13 +239,8 @@ class NativeTrainer:
             timing["timing/update_actor"] = time.perf_counter() - tick
         self.global_step += 1
 
-        metrics.update(data_metrics(batch, self.config.model.max_response_tokens))
         timing["timing/step"] = time.perf_counter() - start
-        metrics.update(timing)
-        n_tokens = float(batch["attention_mask"].sum())
-        metrics["perf/total_num_tokens"] = n_tokens
-        metrics["perf/throughput"] = n_tokens / max(timing["timing/step"], 1e-9)
-        metrics["training/global_step"] = float(self.global_step)
+        metrics.update(step_summary(batch, timing, self.global_step, self.config.model.max_response_tokens))
         return metrics
 
     def _loss_weights(self, batch: dict[str, Any], groups: list[list[int]]) -> list[float]:

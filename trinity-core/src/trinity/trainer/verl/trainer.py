@@ -236,7 +236,7 @@ class VerlTrainer:
 
     def train_step(self, experiences: list[Experience]) -> dict[str, float]:
         """Train on one batch of experiences; returns metrics with Trinity-RFT names."""
-        from trinity.trainer.metrics import data_metrics
+        from trinity.trainer.metrics import step_summary
 
         start = time.perf_counter()
         timing: dict[str, float] = {}
@@ -299,13 +299,8 @@ class VerlTrainer:
             timing["timing/update_actor"] = time.perf_counter() - tick
         self.global_step += 1
 
-        metrics.update(data_metrics(batch, self.config.model.max_response_tokens))
         timing["timing/step"] = time.perf_counter() - start
-        metrics.update(timing)
-        n_tokens = float(batch["attention_mask"].sum())
-        metrics["perf/total_num_tokens"] = n_tokens
-        metrics["perf/throughput"] = n_tokens / max(timing["timing/step"], 1e-9)
-        metrics["training/global_step"] = float(self.global_step)
+        metrics.update(step_summary(batch, timing, self.global_step, self.config.model.max_response_tokens))
         return metrics
 
     def _mini_batch_rows(self, rows: int) -> int:
