@@ -3,7 +3,6 @@ when an actor dies mid-run and when the user presses Ctrl-C."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -58,18 +57,8 @@ def register_workflows(register):
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory) -> Path:
-    from trinity_math.tasks import main as make_tasks
-    from trinity_math.tiny import create_math_model
-
-    root = tmp_path_factory.mktemp("failures")
-    assert (
-        make_tasks(
-            ["arithmetic", "--out", str(root / "data"), "--train", "200", "--test", "4", "--difficulty", "3"]
-        )
-        == 0
-    )
-    create_math_model(root / "model", seed=0)
+def root(tmp_path_factory, math_job) -> Path:
+    root = math_job(tmp_path_factory.mktemp("failures"), train=200, test=4, difficulty=3)
     (root / "plugins").mkdir()
     (root / "plugins" / "dying.py").write_text(DYING_PLUGIN)
     return root
@@ -83,11 +72,9 @@ def _ray_pids(driver_pid: int) -> set[int]:
     return {int(line.split()[0]) for line in out.splitlines() if session.search(line)}
 
 
-def _start(root: Path, name: str, workflow: str, steps: int) -> subprocess.Popen:
+def _start(root: Path, name: str, workflow: str, steps: int, env: dict[str, str]) -> subprocess.Popen:
     config = root / f"{name}.yaml"
     config.write_text(textwrap.dedent(CONFIG.format(root=root, name=name, workflow=workflow, steps=steps)))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("RAY_ADDRESS", None)
     return subprocess.Popen(
         [
             sys.executable,
@@ -116,8 +103,8 @@ def _wait_gone(driver_pid: int, seconds: float = 20) -> set[int]:
     return _ray_pids(driver_pid)
 
 
-def test_dead_actor_fails_the_job_cleanly(root):
-    proc = _start(root, "dying", "dying_workflow", steps=3)
+def test_dead_actor_fails_the_job_cleanly(root, job_env):
+    proc = _start(root, "dying", "dying_workflow", steps=3, env=job_env)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 1, out[-3000:]
     assert "job failed: explorer step: an actor died" in out
@@ -125,8 +112,8 @@ def test_dead_actor_fails_the_job_cleanly(root):
     assert not _wait_gone(proc.pid), "Ray processes were left running"
 
 
-def test_ctrl_c_stops_the_job_cleanly(root):
-    proc = _start(root, "interrupted", "math_workflow", steps=1000)
+def test_ctrl_c_stops_the_job_cleanly(root, job_env):
+    proc = _start(root, "interrupted", "math_workflow", steps=1000, env=job_env)
     # Wait until training is under way, then press Ctrl-C.
     lines = []
     for line in proc.stdout:

@@ -3,7 +3,6 @@ job resumes at the right step with no experience lost or trained on twice."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
@@ -52,9 +51,7 @@ monitor: {{{{monitor_type: tensorboard}}}}
 """
 
 
-def _start(root: Path) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("RAY_ADDRESS", None)
+def _start(root: Path, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "trinity.cli", "run", "--config", str(root / "job.yaml")],
         stdout=subprocess.PIPE,
@@ -65,30 +62,11 @@ def _start(root: Path) -> subprocess.Popen:
     )
 
 
-def test_sigkill_then_resume(tmp_path):
-    from trinity_math.tasks import main as make_tasks
-    from trinity_math.tiny import create_math_model
-
-    assert (
-        make_tasks(
-            [
-                "arithmetic",
-                "--out",
-                str(tmp_path / "data"),
-                "--train",
-                "200",
-                "--test",
-                "4",
-                "--difficulty",
-                "3",
-            ]
-        )
-        == 0
-    )
-    create_math_model(tmp_path / "model", seed=0)
+def test_sigkill_then_resume(tmp_path, math_job, job_env):
+    math_job(tmp_path, train=200, test=4, difficulty=3)
     (tmp_path / "job.yaml").write_text(textwrap.dedent(CONFIG.format(root=tmp_path)))
 
-    first = _start(tmp_path)
+    first = _start(tmp_path, job_env)
     seen = []
     for line in first.stdout:
         seen.append(line)
@@ -100,7 +78,7 @@ def test_sigkill_then_resume(tmp_path):
     first.wait(timeout=30)
     time.sleep(3)  # let Ray's reaper take down the orphaned local cluster
 
-    second = _start(tmp_path)
+    second = _start(tmp_path, job_env)
     out, _ = second.communicate(timeout=600)
     assert second.returncode == 0, out[-3000:]
     steps = [line for line in out.splitlines() if line.startswith("[trainer] step ")]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
 import sys
@@ -63,22 +62,15 @@ monitor: {{monitor_type: tensorboard, enable_ray_timeline: true}}
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory) -> Path:
-    from trinity_math.tasks import main as make_tasks
-    from trinity_math.tiny import create_math_model
-
-    root = tmp_path_factory.mktemp("job")
-    assert make_tasks(["arithmetic", "--out", str(root / "data"), "--train", "64", "--test", "8"]) == 0
-    create_math_model(root / "model", seed=0)
+def job(tmp_path_factory, math_job, job_env) -> Path:
+    root = math_job(tmp_path_factory.mktemp("job"), train=64, test=8)
     (root / "job.yaml").write_text(textwrap.dedent(CONFIG.format(root=root)))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    env.pop("RAY_ADDRESS", None)  # a job of its own, not a cluster another test left behind
     proc = subprocess.run(
         [sys.executable, "-m", "trinity.cli", "run", "--config", str(root / "job.yaml")],
         capture_output=True,
         text=True,
         timeout=600,
-        env=env,
+        env=job_env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "step 4/4" in proc.stdout + proc.stderr  # the console progress line
