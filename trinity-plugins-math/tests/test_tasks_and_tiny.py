@@ -15,6 +15,7 @@ from trinity_math.tasks import (
     ARITHMETIC_LEVELS,
     arithmetic_problems,
     countdown_problems,
+    fact_rows,
     main,
     split,
     write_taskset,
@@ -80,6 +81,31 @@ def test_countdown_problems_are_solvable_by_construction() -> None:
 def test_countdown_says_when_the_ranges_are_too_narrow() -> None:
     with pytest.raises(ValueError, match="could only make"):
         countdown_problems(50, num_numbers=2, max_number=2, max_target=4)
+
+
+def test_fact_rows_state_each_sum_in_another_surface_form_than_the_task() -> None:
+    problems = arithmetic_problems(100, difficulty=1, seed=0)
+    rows = fact_rows(problems)
+    assert [r["prompt"] for r in rows] == [p.question + "=" for p in problems]
+    for row, problem in zip(rows, problems, strict=True):
+        a, b = problem.question.split("+")
+        assert row["response"] == f"{a}+{b}={int(a) + int(b)}"
+    # No fact is a task prompt nor in the task's answer format: the quickstart's held-out task
+    # prompts stay unseen although the warm-up states all 100 facts.
+    assert not {r["prompt"] for r in rows} & {p.question for p in problems}
+    assert not any("<answer>" in r["response"] for r in rows)
+
+
+def test_write_taskset_heads_the_sft_file_with_facts_and_cli_agrees(tmp_path: Path) -> None:
+    problems = arithmetic_problems(100, difficulty=1, seed=0)
+    train, test = split(problems, 25)
+    paths = write_taskset(tmp_path / "api", train, test, sft=10, facts=problems)
+    rows = read_jsonl(paths["sft"])
+    assert rows == fact_rows(problems) + [{"prompt": p.question, "response": p.solution} for p in train[:10]]
+    assert not {p.question for p in test} & {r["prompt"] for r in rows}
+    cli = ["arithmetic", "--out", str(tmp_path / "cli"), "--train", "75", "--test", "25", "--sft", "10"]
+    assert main([*cli, "--facts"]) == 0
+    assert (tmp_path / "cli" / "sft" / "train.jsonl").read_text() == paths["sft"].read_text()
 
 
 def test_write_taskset_layout_and_disjoint_splits(tmp_path: Path) -> None:

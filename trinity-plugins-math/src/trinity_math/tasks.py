@@ -13,6 +13,7 @@ format ``math_reward`` / ``countdown_reward`` score; they come from train questi
 Command line (also installed as ``trinity-math-tasks``)::
 
     python -m trinity_math.tasks arithmetic --out data/arith --train 2000 --test 200 --difficulty 1
+    python -m trinity_math.tasks arithmetic --out data/qs --train 75 --test 25 --sft 10 --facts
     python -m trinity_math.tasks countdown --out data/countdown --train 5000 --test 200
 """
 
@@ -119,6 +120,17 @@ def arithmetic_problems(count: int, *, difficulty: int = 1, seed: int = 0) -> li
                 seen.add((a, op, b))
                 chosen.append((a, op, b))
     return [_arithmetic_problem(a, op, b, rng) for a, op, b in chosen]
+
+
+def fact_rows(problems: Iterable[Problem]) -> list[dict[str, str]]:
+    """Plain "fact" SFT rows for arithmetic problems: prompt ``"3+4="``, response ``"3+4=7"``.
+
+    A different surface form from the taskset's (bare ``"3+4"`` answered in
+    ``<think>…</think><answer>…</answer>`` tags), like the facts a base model picks up in
+    pre-training: a model warmed up on these knows the sums without knowing the task's format,
+    which is what reinforcement fine-tuning then teaches it.
+    """
+    return [{"prompt": f"{p.question}=", "response": f"{p.question}={p.answer}"} for p in problems]
 
 
 # -- countdown --------------------------------------------------------------------------------
@@ -250,9 +262,20 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
 
 
 def write_taskset(
-    out: str | Path, train: list[Problem], test: list[Problem], *, sft: int = 0, dpo: int = 0
+    out: str | Path,
+    train: list[Problem],
+    test: list[Problem],
+    *,
+    sft: int = 0,
+    dpo: int = 0,
+    facts: Sequence[Problem] = (),
 ) -> dict[str, Path]:
-    """Write the taskset folder, plus ``sft/`` and ``dpo/`` files built from the first train problems."""
+    """Write the taskset folder, plus ``sft/`` and ``dpo/`` files built from the first train problems.
+
+    ``facts`` (arithmetic problems, test ones allowed) put their :func:`fact_rows` at the head of
+    ``sft/train.jsonl``, before the ``sft`` worked solutions: a warm-up corpus that states facts
+    in another surface form than the task's prompts, which stay unseen.
+    """
     out = Path(out)
     if len(train) < max(sft, dpo):
         raise ValueError(
@@ -262,10 +285,9 @@ def write_taskset(
         "train": write_jsonl(out / "train.jsonl", (p.row() for p in train)),
         "test": write_jsonl(out / "test.jsonl", (p.row() for p in test)),
     }
-    if sft:
-        paths["sft"] = write_jsonl(
-            out / "sft" / "train.jsonl", ({"prompt": p.question, "response": p.solution} for p in train[:sft])
-        )
+    if sft or facts:
+        solutions = [{"prompt": p.question, "response": p.solution} for p in train[:sft]]
+        paths["sft"] = write_jsonl(out / "sft" / "train.jsonl", fact_rows(facts) + solutions)
     if dpo:
         rows = (
             {"prompt": p.question, "chosen": p.solution, "rejected": p.wrong_solution} for p in train[:dpo]
@@ -285,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--test", type=int, default=100, help="test problems (default 100)")
         p.add_argument("--sft", type=int, default=0, help="SFT rows from the first train problems")
         p.add_argument("--dpo", type=int, default=0, help="DPO pairs from the first train problems")
+        if name == "arithmetic":
+            p.add_argument(
+                "--facts",
+                action="store_true",
+                help='head sft/ with every problem\'s fact ("3+4=" -> "3+4=7")',
+            )
         p.add_argument("--seed", type=int, default=0)
         if name == "arithmetic":
             p.add_argument("--difficulty", type=int, default=1, choices=sorted(ARITHMETIC_LEVELS))
@@ -306,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed,
             )
         train, test = split(problems, args.test)
-        paths = write_taskset(args.out, train, test, sft=args.sft, dpo=args.dpo)
+        facts = problems if getattr(args, "facts", False) else ()
+        paths = write_taskset(args.out, train, test, sft=args.sft, dpo=args.dpo, facts=facts)
     except ValueError as exc:
         parser.error(str(exc))
     for kind, path in paths.items():
