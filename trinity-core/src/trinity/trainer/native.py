@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from trinity._lazy import lazy_import
 from trinity.trainer import checkpoint as ckpt
 from trinity.trainer.batch import build_batch, to_device
+from trinity.trainer.compose import shape_rewards_and_advantages
 from trinity.trainer.critic import load_critic, value_loss
 from trinity.trainer.forward import forward_logprobs, forward_values
 from trinity.trainer.metrics import MetricAccumulator, step_summary
@@ -220,13 +221,10 @@ class NativeTrainer:
         self.model.train(was_training)
 
         tick = time.perf_counter()
-        if self.kl_penalty_fn is not None:
-            batch, kl_metrics = self.kl_penalty_fn.apply_kl_penalty_to_reward(batch)
-            metrics["actor/reward_kl_penalty"] = kl_metrics.get("kl", 0.0)
-            metrics["actor/reward_kl_penalty_coeff"] = kl_metrics.get("kl_coef", 0.0)
-        if self.algorithm_type.use_advantage:
-            batch, adv_metrics = self.advantage_fn(batch)
-            metrics.update({f"advantage/{k}": v for k, v in adv_metrics.items()})
+        batch, shaping_metrics = shape_rewards_and_advantages(
+            batch, self.kl_penalty_fn, self.advantage_fn, self.algorithm_type.use_advantage
+        )
+        metrics.update(shaping_metrics)
         timing["timing/adv"] = time.perf_counter() - tick
 
         if self.critic is not None:

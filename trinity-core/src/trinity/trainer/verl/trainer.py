@@ -236,6 +236,7 @@ class VerlTrainer:
 
     def train_step(self, experiences: list[Experience]) -> dict[str, float]:
         """Train on one batch of experiences; returns metrics with Trinity-RFT names."""
+        from trinity.trainer.compose import shape_rewards_and_advantages
         from trinity.trainer.metrics import step_summary
 
         start = time.perf_counter()
@@ -267,13 +268,10 @@ class VerlTrainer:
             timing["timing/old_log_prob"] = time.perf_counter() - tick
 
         tick = time.perf_counter()
-        if self.kl_penalty_fn is not None:
-            batch, kl_metrics = self.kl_penalty_fn.apply_kl_penalty_to_reward(batch)
-            metrics["actor/reward_kl_penalty"] = kl_metrics.get("kl", 0.0)
-            metrics["actor/reward_kl_penalty_coeff"] = kl_metrics.get("kl_coef", 0.0)
-        if self.algorithm_type.use_advantage:
-            batch, adv_metrics = self.advantage_fn(batch)
-            metrics.update({f"advantage/{k}": v for k, v in adv_metrics.items()})
+        batch, shaping_metrics = shape_rewards_and_advantages(
+            batch, self.kl_penalty_fn, self.advantage_fn, self.algorithm_type.use_advantage
+        )
+        metrics.update(shaping_metrics)
         timing["timing/adv"] = time.perf_counter() - tick
 
         padded, _ = pad_rows(batch, self.world_size)
