@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import re
 import sys
 import typing
 
 import vllm
 from vllm import outputs, sampling_params
+from vllm.v1.worker.gpu_worker import Worker
 
 from trinity.explorer.engines.vllm_engine import VLLM_API
 
@@ -29,6 +31,7 @@ CLASSES = {
     "RequestOutput": outputs.RequestOutput,
     "CompletionOutput": outputs.CompletionOutput,
     "Logprob": Logprob,
+    "Worker": Worker,
 }
 
 
@@ -41,6 +44,11 @@ def names_of(cls: type) -> set[str]:
     names |= set(getattr(cls, "__annotations__", {}))
     with contextlib.suppress(TypeError, ValueError):  # some classes have no signature
         names |= set(inspect.signature(cls).parameters)
+    # Instance attributes (``self.rank = ...``) set in any ``__init__`` of the class hierarchy.
+    for base in inspect.getmro(cls):
+        init = base.__dict__.get("__init__")
+        with contextlib.suppress(TypeError, OSError):
+            names |= set(re.findall(r"self\.(\w+)\s*(?::[^=\n]+)?=(?!=)", inspect.getsource(init)))
     return names
 
 

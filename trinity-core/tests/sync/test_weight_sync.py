@@ -1,4 +1,4 @@
-"""Weight-sync building blocks: packing, the memory path, reloading checkpoints, nccl errors."""
+"""Weight-sync building blocks: packing, the memory path, reloading checkpoints (``nccl``: test_nccl.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from transformers import AutoModelForCausalLM
 
 from trinity.sync.checkpoint import sync_from_checkpoint, wait_for_weights
 from trinity.sync.memory import apply_weights, pack_weights
-from trinity.sync.nccl import NCCLUnavailableError, NCCLWeightSync
 from trinity.testing.tiny_model import create_tiny_model
 from trinity.trainer import checkpoint as ckpt
 
@@ -60,13 +59,6 @@ def test_sync_from_latest_checkpoint(models, tmp_path):
     assert wait_for_weights(job, 2, timeout=1)[0] == 2
     with pytest.raises(TimeoutError, match="sync_timeout"):
         wait_for_weights(job, 3, timeout=0.2, poll_interval=0.05)
-
-
-def test_nccl_gives_a_clear_error_without_gpu_and_vllm():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA; the message under test is the CPU one")
-    with pytest.raises(NCCLUnavailableError, match=r"no CUDA device.*Use sync_method 'memory'"):
-        NCCLWeightSync(engine_type="transformers")
 
 
 @pytest.mark.e2e

@@ -10,7 +10,8 @@ A plain class (the launcher wraps it in a Ray actor). One explore step:
 
 :meth:`Explorer.eval` runs the eval tasksets (``eval/<taskset>/...``), :meth:`Explorer.bench`
 evaluates saved checkpoints, :meth:`Explorer.sync_weights` loads new weights into every
-engine.
+engine, and :meth:`Explorer.receive_weights` has them receive a broadcast from the trainer
+(``sync_method: nccl``, after :meth:`Explorer.init_weight_group`).
 """
 
 from __future__ import annotations
@@ -321,6 +322,60 @@ class Explorer:
                 engine.update_weights(state_dict, version)
             else:
                 engine.load_checkpoint(str(checkpoint_path), version)
+
+    # -- broadcast weight sync (sync_method nccl) ---------------------------------------------
+
+    def weight_sync_devices(self) -> list[list[str]]:
+        """Per rollout engine, the devices of the ranks it puts into the weight-sync group."""
+        return [list(engine.weight_sync_devices()) for engine in self.engines]
+
+    def init_weight_group(
+        self, master_addr: str, master_port: int, world_size: int, backend: str, timeout_s: float
+    ) -> None:
+        """Join every rollout engine to the trainer's weight-sync group (the trainer is rank 0).
+
+        Engines take consecutive ranks from 1 in engine order, as many as they reported in
+        :meth:`weight_sync_devices`; they join concurrently, since joining blocks until the whole
+        group is there.
+        """
+        sizes = [len(devices) for devices in self.weight_sync_devices()]
+        if 1 + sum(sizes) != world_size:
+            raise ValueError(
+                f"weight-sync group of {world_size} ranks, but the trainer and the rollout engines "
+                f"need {1 + sum(sizes)} (engines: {sizes})"
+            )
+        offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
+        self._on_every_engine(
+            "joining the weight-sync group",
+            lambda i, engine: engine.init_weight_group(
+                master_addr, master_port, offsets[i], world_size, backend, timeout_s
+            ),
+        )
+
+    def receive_weights(self, metas: list[Any], version: int) -> None:
+        """Every rollout engine receives one broadcast of the trainer's weights as ``version``."""
+        self._on_every_engine(
+            f"receiving weights version {version}", lambda i, engine: engine.receive_weights(metas, version)
+        )
+
+    def close_weight_group(self) -> None:
+        for engine in self.engines:
+            engine.close_weight_group()
+
+    def _on_every_engine(self, doing: str, call: Any) -> None:
+        """Run ``call(index, engine)`` for all engines at once (collectives need every rank in
+        flight together); raise the first failure, naming the engine."""
+        if len(self.engines) == 1:
+            call(0, self.engines[0])
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(self.engines), thread_name_prefix="weight-sync") as pool:
+            futures = [pool.submit(call, i, engine) for i, engine in enumerate(self.engines)]
+            errors = [(i, f.exception()) for i, f in enumerate(futures) if f.exception() is not None]
+        if errors:
+            index, error = errors[0]
+            raise RuntimeError(f"rollout engine {index} failed {doing}: {error}") from error
 
     def shutdown(self) -> None:
         """Stop OpenAI servers and engines."""

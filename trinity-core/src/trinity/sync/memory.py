@@ -3,8 +3,9 @@
 The trainer packs its weights as CPU tensors (:func:`pack_weights`) and puts them in the object
 store once (:func:`publish_weights`); every explorer engine then receives the same object
 (:func:`apply_weights`), calling ``update_weights(state_dict, version)`` on it. Works without a
-GPU and across nodes; it copies the whole model once per sync, so for large models on GPUs
-``nccl`` is faster.
+GPU and across nodes; it copies the whole model through the object store once per sync, so for
+large models on GPUs ``nccl`` (a broadcast straight to the rollout workers,
+:mod:`trinity.sync.nccl`) is faster.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ prompt + response token ids, the log-probabilities of the sampled tokens (at the
 temperature, from the forward pass that sampled them), the decoded texts and the finish
 reason (``info["finish_reason"]``: ``"stop"`` for EOS or a stop string, ``"length"`` when
 ``max_tokens`` ran out). It also scores given token sequences (:meth:`RolloutEngine.logprobs`)
-and takes new weights in place (:meth:`update_weights`, :meth:`load_checkpoint`).
+and takes new weights in place (:meth:`update_weights`, :meth:`load_checkpoint`, or a
+broadcast from the trainer through :meth:`init_weight_group` / :meth:`receive_weights`).
 
 Engines: ``transformers`` (:mod:`.transformers_engine`, CPU or GPU) and ``vllm``
 (:mod:`.vllm_engine`, GPU). Prompt building (chat template, tokenisation, truncation) is shared
@@ -186,6 +187,36 @@ class RolloutEngine(ABC):
     @abstractmethod
     def load_checkpoint(self, path: str, version: int) -> None:
         """Load weights from a Hugging Face checkpoint folder and set the version."""
+
+    # -- broadcast weight sync (``synchronizer.sync_method: nccl``) ---------------------------
+
+    def weight_sync_devices(self) -> list[str]:
+        """One entry per rank this engine puts into the weight-sync group: ``"cpu"`` or
+        ``"cuda:<uuid>"`` (see :func:`trinity.sync.nccl.describe_device`)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot join a weight-sync group (synchronizer.sync_method 'nccl'); "
+            "use sync_method 'memory' or 'checkpoint'"
+        )
+
+    def init_weight_group(
+        self,
+        master_addr: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+    ) -> None:
+        """Join the group as ranks ``rank_offset ..`` (blocks until every rank has joined)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot join a weight-sync group")
+
+    def receive_weights(self, metas: list[Any], version: int) -> None:
+        """Receive one broadcast of the trainer's weights (``metas`` in wire form), load them in
+        place and set the version."""
+        raise NotImplementedError(f"{type(self).__name__} cannot join a weight-sync group")
+
+    def close_weight_group(self) -> None:  # noqa: B027 - nothing to close by default
+        """Leave the weight-sync group (a later stage builds a new one)."""
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release the engine's resources."""

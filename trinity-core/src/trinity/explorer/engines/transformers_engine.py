@@ -209,10 +209,29 @@ class TransformersEngine(RolloutEngine):
 
     # -- weights ---------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    def _named_targets(self) -> dict[str, torch.Tensor]:
         own = dict(self.model.named_parameters(remove_duplicate=False))  # tied weights keep both names
         own.update(dict(self.model.named_buffers(remove_duplicate=False)))
+        return own
+
+    @staticmethod
+    def _check_names(own: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+        """Why weights with these names and shapes cannot be loaded, or ``None``."""
+        unknown = sorted(set(shapes) - set(own))
+        if unknown:
+            shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+            return (
+                f"{len(unknown)} name(s) not in the rollout model: {shown} "
+                f"(expected names like {next(iter(own))!r})"
+            )
+        for name, shape in shapes.items():
+            if tuple(own[name].shape) != tuple(shape):
+                return f"{name} has shape {tuple(shape)}, the model expects {tuple(own[name].shape)}"
+        return None
+
+    @torch.no_grad()
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        own = self._named_targets()
         unknown = sorted(set(state_dict) - set(own))
         if unknown:
             shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
@@ -229,6 +248,59 @@ class TransformersEngine(RolloutEngine):
                     )
                 target.copy_(value.to(device=target.device, dtype=target.dtype))
             self._model_version = version
+
+    # -- broadcast weight sync (sync_method nccl) -------------------------------------------
+
+    def weight_sync_devices(self) -> list[str]:
+        """One rank, on this engine's device."""
+        from trinity.sync.nccl import describe_device
+
+        return [describe_device(self.device)]
+
+    def init_weight_group(
+        self,
+        master_addr: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+    ) -> None:
+        from trinity.sync.nccl import WeightSyncGroup, use_device
+
+        self.close_weight_group()
+        if backend == "nccl":
+            use_device(self.device)
+        self._weight_group = WeightSyncGroup.join(
+            master_addr, master_port, rank_offset, world_size, backend, timeout_s
+        )
+
+    @torch.no_grad()
+    def receive_weights(self, metas: list[Any], version: int) -> None:
+        """Receive a broadcast into the model's parameters (names as in its ``state_dict``)."""
+        from trinity.sync.nccl import WeightSyncError, parse_metas, receive_weights
+
+        group = getattr(self, "_weight_group", None)
+        if group is None:
+            raise WeightSyncError("receive_weights: this engine has not joined a weight-sync group")
+        metas = parse_metas(metas)
+        own = self._named_targets()
+        problem = self._check_names(own, {name: m.shape for m in metas for name in m.names})
+
+        def load(batch: list[tuple[str, torch.Tensor]]) -> None:
+            for name, value in batch:
+                target = own[name]
+                target.copy_(value.to(device=target.device, dtype=target.dtype))
+
+        with self._lock:
+            receive_weights(group, metas, version, load, problem=problem)
+            self._model_version = version
+
+    def close_weight_group(self) -> None:
+        group = getattr(self, "_weight_group", None)
+        self._weight_group = None
+        if group is not None:
+            group.close()
 
     def load_checkpoint(self, path: str | Path, version: int) -> None:
         from transformers import AutoModelForCausalLM

@@ -14,7 +14,9 @@ are taken after temperature scaling when the engine runs with
 and :meth:`VLLMEngine.logprobs` uses ``prompt_logprobs=0`` (temperature 1).
 
 Weight updates go through ``collective_rpc`` to :class:`WeightUpdateExtension`, which vLLM
-mixes into its GPU workers (``worker_extension_cls``).
+mixes into its GPU workers (``worker_extension_cls``): a state dict or a checkpoint path
+(``memory`` / ``checkpoint`` sync), or, for ``sync_method: nccl``, each worker joins the
+trainer's weight-sync group and receives the broadcast itself (:mod:`trinity.sync.nccl`).
 
 Every vLLM name used here is checked against an installed release by
 ``noxfile.py``'s ``vllm_api`` session (vLLM installed in its own environment, import only).
@@ -67,6 +69,8 @@ VLLM_API = {
         "logprobs_mode",
     ],
     "AsyncLLMEngine": ["from_engine_args", "generate", "collective_rpc", "shutdown"],
+    # Attributes of the GPU worker that WeightUpdateExtension (mixed into it) reads.
+    "Worker": ["rank", "device", "model_runner"],
     "RequestOutput": ["prompt_token_ids", "outputs", "finished", "prompt_logprobs"],
     "CompletionOutput": ["token_ids", "text", "logprobs", "finish_reason"],
     "Logprob": ["logprob"],
@@ -141,7 +145,18 @@ def prompt_logprobs_to_tensor(prompt_logprobs: list[Any], tokens: list[int]) -> 
 
 
 class WeightUpdateExtension:
-    """Mixed into vLLM's GPU workers (``worker_extension_cls``): in-place weight loading."""
+    """Mixed into vLLM's GPU workers (``worker_extension_cls``): in-place weight loading.
+
+    The ``trinity_*_weight_group`` / ``trinity_receive_weights`` methods make each worker a rank
+    of the trainer's weight-sync group (``sync_method: nccl``; rank = the engine's offset + the
+    worker's ``rank``). They use only ``self.rank``, ``self.device`` and
+    ``self.model_runner.model.load_weights`` of the worker; vLLM itself cannot run without a GPU,
+    so they are tested with a stand-in ``model_runner`` and the names are checked by
+    ``nox -s vllm_api``.
+    """
+
+    #: Bytes of received tensors given to ``load_weights`` at once.
+    trinity_load_batch_bytes = 256 << 20
 
     def trinity_load_weights(self, named_tensors: list[tuple[str, Any]]) -> None:
         self.model_runner.model.load_weights(weights=named_tensors)  # type: ignore[attr-defined]
@@ -154,6 +169,46 @@ class WeightUpdateExtension:
 
         for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
             self.model_runner.model.load_weights(weights=load_file(file).items())  # type: ignore[attr-defined]
+
+    def trinity_weight_sync_device(self) -> str:
+        from trinity.sync.nccl import describe_device
+
+        return describe_device(getattr(self, "device", None))
+
+    def trinity_init_weight_group(
+        self,
+        master_addr: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+    ) -> None:
+        from trinity.sync.nccl import WeightSyncGroup
+
+        self.trinity_close_weight_group()
+        rank = rank_offset + int(getattr(self, "rank", 0))
+        self._trinity_weight_group = WeightSyncGroup.join(
+            master_addr, master_port, rank, world_size, backend, timeout_s
+        )
+
+    def trinity_receive_weights(self, metas: list[Any], version: int) -> None:
+        from trinity.sync.nccl import WeightSyncError, receive_weights
+
+        group = getattr(self, "_trinity_weight_group", None)
+        if group is None:
+            raise WeightSyncError("trinity_receive_weights: this worker has not joined a weight-sync group")
+
+        def load(batch: list[tuple[str, Any]]) -> None:
+            self.model_runner.model.load_weights(weights=batch)  # type: ignore[attr-defined]
+
+        receive_weights(group, metas, version, load, batch_bytes=self.trinity_load_batch_bytes)
+
+    def trinity_close_weight_group(self) -> None:
+        group = getattr(self, "_trinity_weight_group", None)
+        self._trinity_weight_group = None
+        if group is not None:
+            group.close()
 
 
 class VLLMEngineActor:
@@ -193,6 +248,18 @@ class VLLMEngineActor:
 
     async def load_checkpoint(self, path: str) -> None:
         await self.engine.collective_rpc("trinity_load_checkpoint", args=(path,))
+
+    async def weight_sync_devices(self) -> list[str]:
+        return list(await self.engine.collective_rpc("trinity_weight_sync_device"))
+
+    async def init_weight_group(self, *args: Any) -> None:
+        await self.engine.collective_rpc("trinity_init_weight_group", args=args)
+
+    async def receive_weights(self, metas: list[Any], version: int) -> None:
+        await self.engine.collective_rpc("trinity_receive_weights", args=(metas, version))
+
+    async def close_weight_group(self) -> None:
+        await self.engine.collective_rpc("trinity_close_weight_group")
 
     def shutdown(self) -> None:
         self.engine.shutdown()
@@ -237,6 +304,40 @@ class VLLMEngine(RolloutEngine):
 
         ray.get(self.actor.load_checkpoint.remote(str(path)))
         self._model_version = version
+
+    def weight_sync_devices(self) -> list[str]:
+        """One rank per vLLM worker (``tensor_parallel_size`` of them), in worker-rank order."""
+        import ray
+
+        return ray.get(self.actor.weight_sync_devices.remote())
+
+    def init_weight_group(
+        self,
+        master_addr: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+    ) -> None:
+        import ray
+
+        ray.get(
+            self.actor.init_weight_group.remote(
+                master_addr, int(master_port), rank_offset, world_size, backend, float(timeout_s)
+            )
+        )
+
+    def receive_weights(self, metas: list[Any], version: int) -> None:
+        import ray
+
+        ray.get(self.actor.receive_weights.remote(list(metas), version))
+        self._model_version = version
+
+    def close_weight_group(self) -> None:
+        import ray
+
+        ray.get(self.actor.close_weight_group.remote())
 
     def shutdown(self) -> None:
         import ray
