@@ -99,6 +99,24 @@ class ExplorerActor:
         self.explorer.sync_weights(checkpoint_path=path, version=version)
         return version
 
+    # -- broadcast weight sync (sync_method nccl; see trinity.sync.nccl) ----------------------
+
+    def weight_sync_devices(self) -> list[list[str]]:
+        return self.explorer.weight_sync_devices()
+
+    def init_weight_group(
+        self, master_addr: str, master_port: int, world_size: int, backend: str, timeout_s: float
+    ) -> None:
+        self.explorer.init_weight_group(master_addr, master_port, world_size, backend, timeout_s)
+
+    def receive_weights(self, metas: list[Any], version: int) -> int:
+        self.explorer.receive_weights(metas, version)
+        self.logger.info("loaded weights version %d from the trainer's broadcast", version)
+        return version
+
+    def close_weight_group(self) -> None:
+        self.explorer.close_weight_group()
+
     def finish(self) -> None:
         # Tell the trainer no more experiences will come; the engines stay up for a final eval.
         if not self.explorer.finished:
@@ -134,3 +152,46 @@ class TrainerActor:
     def finish(self) -> str | None:
         path = self.trainer.finish()
         return None if path is None else str(path)
+
+    # -- broadcast weight sync (sync_method nccl): this actor is rank 0 -----------------------
+    # One implementation for both back-ends: the weights come from Trainer.state_dict() (the
+    # native model, or veRL's gathered full state dict) and are broadcast from this process.
+
+    def weight_sync_device(self) -> str:
+        from trinity.sync.nccl import describe_device
+
+        return describe_device(getattr(self.trainer.backend, "device", None))
+
+    def open_weight_group(self, world_size: int, backend: str, timeout_s: float) -> tuple[str, int]:
+        """Start the group's store on a free port; returns ``(address, port)`` for the explorer."""
+        from trinity.sync.nccl import WeightSender, use_device
+
+        self.close_weight_group()
+        if backend == "nccl":
+            use_device(getattr(self.trainer.backend, "device", None))
+        self.weight_sender = WeightSender(world_size, backend, timeout_s)
+        return self.weight_sender.address
+
+    def connect_weight_group(self) -> None:
+        self._sender().connect()
+
+    def prepare_weights(self) -> tuple[list[Any], int]:
+        """Snapshot the current weights for the next :meth:`send_weights`; returns their
+        metadata (wire form) and version."""
+        version = self.trainer.step
+        return self._sender().prepare(self.trainer.state_dict(), version), version
+
+    def send_weights(self) -> dict[str, float]:
+        return self._sender().send()
+
+    def close_weight_group(self) -> None:
+        sender = getattr(self, "weight_sender", None)
+        self.weight_sender = None
+        if sender is not None:
+            sender.close()
+
+    def _sender(self) -> Any:
+        sender = getattr(self, "weight_sender", None)
+        if sender is None:
+            raise RuntimeError("the weight-sync group is not open (open_weight_group was not called)")
+        return sender

@@ -9,7 +9,6 @@ them step by step and always shuts them down: on success, on Ctrl-C and when an 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -204,9 +203,45 @@ def _get(ray: Any, refs: Any, doing: str) -> Any:
         raise JobFailed(f"{doing}: an actor died ({exc})") from exc
 
 
-@functools.cache
-def _warn_once(message: str) -> None:
-    logger.warning(message)
+# Seconds to wait for the other sides' errors once one side of a collective call has failed.
+_COLLECT_ERRORS_S = 5.0
+
+
+def _get_together(
+    ray: Any, refs: list[Any], doing: str, timeout: float, grace: float | None = None
+) -> list[Any]:
+    """Results of calls that must run together (the ranks of one collective).
+
+    The first failure ends the wait: the other calls would only sit in the collective until
+    their own timeout. Their errors are collected for a few seconds, so the message shows every
+    side (e.g. the explorer's reason next to the trainer's "cancelled"). Calls still running
+    after ``timeout`` plus ``grace`` (default: 10 %, at least 30 s; the group's own timeouts
+    should fire first) are a :class:`JobFailed` as well.
+    """
+    grace = max(30.0, 0.1 * timeout) if grace is None else grace
+    deadline = time.monotonic() + timeout + grace
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise JobFailed(
+                f"{doing}: no answer within synchronizer.sync_timeout ({timeout:g} s); "
+                "a rank of the weight-sync group hangs"
+            )
+        try:
+            _get(ray, ready[0], doing)
+        except JobFailed as first:
+            messages = [str(first)]
+            late = (
+                ray.wait(pending, num_returns=len(pending), timeout=_COLLECT_ERRORS_S)[0] if pending else []
+            )
+            for ref in late:
+                try:
+                    _get(ray, ref, doing)
+                except JobFailed as other:
+                    messages.append(str(other).removeprefix(f"{doing}: "))
+            raise JobFailed("; ".join(messages)) from first
+    return [ray.get(ref) for ref in refs]
 
 
 def _log(monitor: Any, metrics: dict[str, Any], step: int) -> None:
@@ -239,6 +274,10 @@ def _drive(
     trainer_done = trainer is None
     last_metrics: dict[str, float] = {}
     start = time.monotonic()
+
+    broadcast = config.synchronizer.sync_method == "nccl" and explorer is not None and trainer is not None
+    if broadcast:
+        _open_weight_group(ray, config, explorer, trainer)
 
     if explorer is not None and config.explorer.eval_on_startup and explorer_step == 0:
         _log(monitors["explorer"], _get(ray, explorer.eval.remote(), "explorer eval"), 0)
@@ -297,6 +336,9 @@ def _drive(
     if explorer is not None and trainer is not None and final_checkpoint and final_eval_needed:
         _sync(ray, config, explorer, trainer)
         _log(monitors["explorer"], _get(ray, explorer.eval.remote(), "explorer eval"), explorer_step)
+    if broadcast:
+        # A later stage (new actors) builds a group of its own.
+        _get(ray, [explorer.close_weight_group.remote(), trainer.close_weight_group.remote()], "weight sync")
     elapsed = time.monotonic() - start
     print(
         f"[trinity] done: {trainer_step} train steps, {explorer_step} explore steps in {elapsed:.0f}s"
@@ -314,10 +356,7 @@ def _sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> int:
     """
     method = config.synchronizer.sync_method
     if method == "nccl":
-        # Trinity-RFT configs ask for NCCL on GPUs; until it exists the object store carries the
-        # weights (slower for large models, same result).
-        _warn_once("synchronizer.sync_method 'nccl' is not implemented yet; syncing through memory")
-        method = "memory"
+        return _broadcast_weights(ray, config, explorer, trainer)
     if method == "checkpoint":
         path_and_version = trainer.save_weights.remote()
         return _get(ray, explorer.load_checkpoint.remote(path_and_version), "explorer checkpoint sync")
@@ -325,4 +364,52 @@ def _sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> int:
         weights_and_version = trainer.get_weights.remote()
         # Passing the ref inside a list keeps Ray from materialising it in the driver.
         return _get(ray, explorer.update_weights.remote([weights_and_version]), "explorer weight sync")
-    raise JobFailed(f"synchronizer.sync_method {method!r}: use 'memory' or 'checkpoint'")
+    raise JobFailed(f"synchronizer.sync_method {method!r}: use 'nccl', 'memory' or 'checkpoint'")
+
+
+def _open_weight_group(ray: Any, config: Config, explorer: Any, trainer: Any) -> None:
+    """``sync_method: nccl``: build the group of the trainer (rank 0) and every rollout rank.
+
+    The backend is NCCL when every rank has a GPU of its own, else gloo (logged once, at
+    INFO). The trainer opens the store first (for its port); then both sides join together.
+    """
+    from trinity.sync.nccl import NCCLUnavailableError, choose_backend
+
+    timeout = float(config.synchronizer.sync_timeout)
+    trainer_device, engine_devices = _get(
+        ray,
+        [trainer.weight_sync_device.remote(), explorer.weight_sync_devices.remote()],
+        "weight sync set-up",
+    )
+    devices = [trainer_device, *(d for engine in engine_devices for d in engine)]
+    try:
+        backend, why = choose_backend(devices)
+    except NCCLUnavailableError as exc:
+        raise JobFailed(f"weight sync set-up: {exc}") from exc
+    logger.info("sync_method nccl: %s", why)
+    address, port = _get(
+        ray, trainer.open_weight_group.remote(len(devices), backend, timeout), "weight sync set-up"
+    )
+    _get_together(
+        ray,
+        [
+            trainer.connect_weight_group.remote(),
+            explorer.init_weight_group.remote(address, port, len(devices), backend, timeout),
+        ],
+        f"creating the weight-sync group ({backend}, {len(devices)} ranks)",
+        timeout,
+    )
+
+
+def _broadcast_weights(ray: Any, config: Config, explorer: Any, trainer: Any) -> int:
+    """One ``nccl`` sync: the metadata through Ray, then the trainer's broadcast and the
+    explorer's receive issued together (one waits for the other inside the collective)."""
+    # Waits for a train step still running: the snapshot is taken after it.
+    metas, version = _get(ray, trainer.prepare_weights.remote(), "trainer weights for the broadcast")
+    _get_together(
+        ray,
+        [trainer.send_weights.remote(), explorer.receive_weights.remote(metas, version)],
+        f"weight sync (broadcast of version {version})",
+        float(config.synchronizer.sync_timeout),
+    )
+    return version

@@ -286,8 +286,8 @@ def _load_trainer_config(path: str) -> dict[str, Any]:
 def _resolve_synchronizer(c: Config) -> None:
     s, rm = c.synchronizer, c.explorer.rollout_model
     if "sync_method" not in s.model_fields_set:
-        # Only separate processes (explore / train modes) need checkpoints on disk. NCCL sync is
-        # not implemented yet, so even vLLM + veRL default to memory (state dict via Ray).
+        # Only separate processes (explore / train modes) need checkpoints on disk. `both` mode
+        # defaults to memory (state dict via Ray); `nccl` (a broadcast group) is asked for by name.
         s.sync_method = "checkpoint" if c.mode != "both" else "memory"
     s.explorer_sync_interval = s.explorer_sync_interval or s.sync_interval
     s.trainer_sync_interval = s.trainer_sync_interval or s.sync_interval

@@ -29,7 +29,10 @@ class SynchronizerConfig(Section):
     """How trainer weights reach the explorer."""
 
     sync_method: SyncMethod = F(
-        "nccl", "`nccl` (GPU broadcast), `memory` (through the object store) or `checkpoint` (from disk)."
+        "nccl",
+        "`nccl` (trainer broadcasts to every rollout worker: NCCL on GPUs, gloo on CPU), `memory` "
+        "(through the object store) or `checkpoint` (from disk). Unset: `memory` in `both` mode, "
+        "else `checkpoint`.",
     )
     sync_style: SyncStyle = F(
         "fixed", "`fixed` (every sync_interval steps) or `dynamic` (whenever the trainer has new weights)."
@@ -38,8 +41,15 @@ class SynchronizerConfig(Section):
     explorer_sync_interval: int | None = F(None, "Explorer-side interval; defaults to `sync_interval`.")
     trainer_sync_interval: int | None = F(None, "Trainer-side interval; defaults to `sync_interval`.")
     sync_offset: int = F(0, "Steps the explorer may run ahead of the trainer.", ge=0)
-    sync_timeout: int = F(3600, "Seconds to wait for a sync.", ge=1)
-    group_name: str = F("rollout_weight_sync", "NCCL process-group name.")
+    sync_timeout: int = F(
+        3600,
+        "Seconds to wait for a sync; with `nccl` also the limit for forming the group and each broadcast.",
+        ge=1,
+    )
+    group_name: str = F(
+        "rollout_weight_sync",
+        "Accepted for Trinity-RFT compatibility: each stage's `nccl` group has a store of its own.",
+    )
     wait_for_checkpoint: bool = F(False, "Wait for the newest checkpoint to be complete before loading.")
     explorer_world_size: int | None = derived(None, "Set from the rollout engines' GPU count.")
     ray_namespace: str = derived("", "Set from the global `ray_namespace`.")
