@@ -1,0 +1,166 @@
+"""End to end: `trinity run` with `synchronizer.sync_method: nccl` on CPU.
+
+The trainer and two transformers rollout engines form a weight-sync group over gloo (no CUDA
+here; the group, metadata, broadcast order, loading and versioning are the code NCCL uses on
+GPUs). Checked from the outside: the explorer's model version advances with every sync in the
+stored experiences; the logprobs it recorded match a fresh forward pass of the trainer's
+checkpoint of that version; and after the final sync the explorer's weights give the same score
+as the trainer's final checkpoint (the ``weights_probe`` eval workflow of tests/e2e/plugins
+scores a fixed token sequence and reports the weights' version).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PLUGINS = Path(__file__).parent / "plugins"
+
+
+def _probe(model_path: Path) -> float:
+    """What the ``weights_probe`` eval workflow (tests/e2e/plugins) reports for these weights."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("weights_probe", PLUGINS / "weights_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.score(model_path)
+
+
+CONFIG = """
+project: e2e
+name: nccl
+mode: both
+checkpoint_root_dir: {root}/ckpt
+algorithm:
+  algorithm_type: grpo
+  repeat_times: 2
+  optimizer: {{lr: 1.0e-2}}
+  entropy_loss_fn_args: {{entropy_coef: 0.01}}
+model:
+  model_path: {root}/model
+  max_prompt_tokens: 128
+  max_response_tokens: 8
+buffer:
+  total_steps: 3
+  batch_size: 2
+  explorer_input:
+    taskset:
+      name: arith
+      storage_type: file
+      path: {root}/data
+      split: train
+      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
+    eval_tasksets:
+      - name: probe
+        storage_type: file
+        path: {root}/data
+        split: test
+        format: {{prompt_key: question, response_key: answer}}
+        default_workflow_type: weights_probe
+    default_workflow_type: math_workflow
+    default_reward_fn_type: math_reward
+  trainer_input:
+    experience_buffer: {{name: exp, storage_type: sql, path: "sqlite:///{root}/buffer.db"}}
+explorer:
+  eval_interval: 2
+  eval_on_startup: false
+  runner_per_model: 1
+  rollout_model: {{engine_type: transformers, engine_num: 2, dtype: float32, seed: 1}}
+synchronizer: {{sync_method: nccl, sync_interval: 1, sync_offset: 0, sync_timeout: 60}}
+trainer: {{trainer_type: native, save_interval: 1, dtype: float32}}
+monitor: {{monitor_type: tensorboard}}
+"""
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, math_job, job_env) -> tuple[Path, subprocess.CompletedProcess]:
+    root = math_job(tmp_path_factory.mktemp("nccl"), train=32, test=2)
+    (root / "job.yaml").write_text(textwrap.dedent(CONFIG.format(root=root)))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trinity.cli",
+            "run",
+            "--config",
+            str(root / "job.yaml"),
+            "--plugin-dir",
+            str(PLUGINS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=job_env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return root, proc
+
+
+def test_the_backend_is_chosen_and_logged_once(job):
+    root, proc = job
+    lines = [line for line in proc.stderr.splitlines() if "sync_method nccl:" in line]
+    assert lines == [
+        "[trinity] INFO trinity.launcher: sync_method nccl: no CUDA device, broadcasting over gloo to 2 rank(s)"
+    ]
+    assert "syncing through memory" not in proc.stderr  # the old fallback is gone
+    logs = "\n".join(p.read_text() for p in (root / "ckpt" / "e2e" / "nccl" / "log").glob("*.log"))
+    # Two syncs before explore steps 2 and 3, and the final one before the last eval.
+    for version in (1, 2, 3):
+        assert f"loaded weights version {version} from the trainer's broadcast" in logs
+        assert f"sent weights version {version} over gloo" in logs
+
+
+def test_explorer_versions_advance_and_match_the_trainers_checkpoints(job):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trinity.experience import Experience
+
+    root, _ = job
+    job_dir = root / "ckpt" / "e2e" / "nccl"
+    with sqlite3.connect(root / "buffer.db") as db:
+        rows = db.execute(
+            "select e.uid, e.model_version, b.blob from exp e join exp_blobs b on b.id = e.id"
+        ).fetchall()
+    by_batch: dict[int, set[int]] = {}
+    for uid, version, _ in rows:
+        by_batch.setdefault(int(uid.split("/")[0]), set()).add(version)
+    # Strictly on-policy (sync_interval 1, offset 0): step b explores with the weights of step b-1.
+    assert by_batch == {1: {0}, 2: {1}, 3: {2}}, by_batch
+    # The logprobs the explorer recorded are those of the trainer's checkpoint of that version.
+    for version in (1, 2):
+        model = AutoModelForCausalLM.from_pretrained(job_dir / f"global_step_{version}", dtype=torch.float32)
+        experiences = [Experience.deserialize(blob) for _, v, blob in rows if v == version]
+        assert experiences
+        for exp in experiences:
+            with torch.no_grad():
+                logits = model(input_ids=exp.tokens[None]).logits[0, :-1].float()
+            expected = torch.log_softmax(logits, -1).gather(-1, exp.tokens[1:, None]).squeeze(-1)
+            torch.testing.assert_close(exp.logprobs, expected[exp.prompt_length - 1 :], rtol=1e-4, atol=1e-4)
+
+
+def test_after_the_final_sync_the_explorer_holds_the_final_checkpoint(job):
+    from trinity.monitor.tensorboard import read_scalars
+
+    root, _ = job
+    job_dir = root / "ckpt" / "e2e" / "nccl"
+    assert (job_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    scalars = read_scalars(job_dir / "monitor" / "tensorboard" / "explorer")
+    versions = dict(scalars["eval/probe/probe_version"])
+    probes = dict(scalars["eval/probe/probe_logprob"])
+    # The eval after step 2 ran on version 1; the final eval, after the final sync, on version 3.
+    assert versions == {2: 1.0, 3: 3.0}
+    expected = {step: _probe(job_dir / f"global_step_{v}") for step, v in ((2, 1), (3, 3))}
+    for step in (2, 3):
+        assert probes[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-4), (step, probes, expected)
+    # The probe tells the versions apart: training moved the weights.
+    assert abs(_probe(job_dir / "global_step_3") - _probe(job_dir / "global_step_2")) > 1e-3
+    assert abs(expected[3] - _probe(root / "model")) > 1e-3
