@@ -1,0 +1,140 @@
+"""End to end: `mode: bench` evaluates the checkpoints a finished run left in its job folder.
+
+A 2-step `both` run saves `global_step_1` and `global_step_2`; `trinity run` with `mode: bench`
+on the same job then loads each checkpoint into the explorer and runs the eval tasksets,
+logging `bench/step_<N>/eval/...` metrics. The ``weights_probe`` eval workflow
+(tests/e2e/plugins) reports which weights it ran on, so the test can tell that step N's metrics
+really come from checkpoint N. With `explorer.bench_on_latest_checkpoint` only the newest is
+evaluated.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PLUGINS = Path(__file__).parent / "plugins"
+
+CONFIG = """
+project: e2e
+name: bench
+mode: {mode}
+checkpoint_root_dir: {root}/ckpt
+algorithm:
+  algorithm_type: grpo
+  repeat_times: 2
+  optimizer: {{lr: 1.0e-2}}
+  entropy_loss_fn_args: {{entropy_coef: 0.01}}
+model:
+  model_path: {root}/model
+  max_prompt_tokens: 128
+  max_response_tokens: 8
+buffer:
+  total_steps: 2
+  batch_size: 2
+  explorer_input:
+    taskset:
+      name: arith
+      storage_type: file
+      path: {root}/data
+      split: train
+      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
+    eval_tasksets:
+      - name: arith_test
+        storage_type: file
+        path: {root}/data
+        split: test
+        format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
+        rollout_args: {{temperature: 0.0}}
+      - name: probe
+        storage_type: file
+        path: {root}/data
+        split: test
+        format: {{prompt_key: question, response_key: answer}}
+        default_workflow_type: weights_probe
+    default_workflow_type: math_workflow
+    default_reward_fn_type: math_reward
+  trainer_input:
+    experience_buffer: {{name: exp, storage_type: sql, path: "sqlite:///{root}/buffer.db"}}
+explorer:
+  eval_on_startup: false
+  bench_on_latest_checkpoint: {latest}
+  rollout_model: {{engine_type: transformers, engine_num: 1, dtype: float32, seed: 1}}
+synchronizer: {{sync_interval: 1, sync_offset: 0}}
+trainer: {{trainer_type: native, save_interval: 1, dtype: float32}}
+monitor: {{monitor_type: tensorboard}}
+"""
+
+
+def _run(root: Path, mode: str, env: dict[str, str], latest: bool = False) -> subprocess.CompletedProcess:
+    config = root / f"{mode}_{int(latest)}.yaml"
+    config.write_text(textwrap.dedent(CONFIG.format(root=root, mode=mode, latest=str(latest).lower())))
+    cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(config), "--plugin-dir", str(PLUGINS)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _probe(model_path: Path) -> float:
+    """What the ``weights_probe`` eval workflow reports for these weights."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("weights_probe", PLUGINS / "weights_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.score(model_path)
+
+
+def _bench_scalars(job_dir: Path) -> dict[str, float]:
+    from trinity.monitor.tensorboard import read_scalars
+
+    scalars = read_scalars(job_dir / "monitor" / "tensorboard" / "explorer")
+    # Bench mode logs everything once, at step 0.
+    return {tag: points[-1][1] for tag, points in scalars.items() if tag.startswith("bench/")}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, math_job, job_env) -> Path:
+    root = math_job(tmp_path_factory.mktemp("bench"), train=16, test=2)
+    _run(root, "both", job_env)
+    job_dir = root / "ckpt" / "e2e" / "bench"
+    assert (job_dir / "global_step_1").is_dir() and (job_dir / "global_step_2").is_dir()
+    return root
+
+
+def test_bench_evaluates_every_checkpoint(trained, job_env):
+    job_dir = trained / "ckpt" / "e2e" / "bench"
+    proc = _run(trained, "bench", job_env)
+    assert "(mode bench)" in proc.stdout
+    bench = _bench_scalars(job_dir)
+    for step in (1, 2):
+        prefix = f"bench/step_{step}/eval"
+        assert f"{prefix}/arith_test/accuracy" in bench, sorted(bench)
+        assert 0.0 <= bench[f"{prefix}/arith_test/accuracy"] <= 1.0
+        assert bench[f"{prefix}/arith_test/num_experiences"] == 2.0  # both test tasks, once each
+        # Step N's metrics were computed with checkpoint N loaded, as version N.
+        assert bench[f"{prefix}/probe/probe_version"] == float(step)
+        expected = _probe(job_dir / f"global_step_{step}")
+        assert bench[f"{prefix}/probe/probe_logprob"] == pytest.approx(expected, rel=1e-5, abs=1e-4)
+    assert not any(tag.startswith("bench/step_0/") or tag.startswith("bench/step_3/") for tag in bench)
+    assert abs(_probe(job_dir / "global_step_1") - _probe(job_dir / "global_step_2")) > 1e-3
+
+
+def test_bench_on_latest_checkpoint_only(trained, job_env, tmp_path):
+    # A copy of the trained job: the bench run above already logged both steps in the original.
+    import shutil
+
+    root = tmp_path / "latest"
+    shutil.copytree(trained, root, ignore=shutil.ignore_patterns("*.yaml"))
+    job_dir = root / "ckpt" / "e2e" / "bench"
+    shutil.rmtree(job_dir / "monitor", ignore_errors=True)
+    _run(root, "bench", job_env, latest=True)
+    bench = _bench_scalars(job_dir)
+    assert {tag.split("/")[1] for tag in bench} == {"step_2"}, sorted(bench)
+    assert bench["bench/step_2/eval/probe/probe_version"] == 2.0
