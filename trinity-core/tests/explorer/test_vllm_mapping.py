@@ -97,3 +97,39 @@ def test_importing_the_adapter_does_not_import_vllm():
     import sys
 
     assert "vllm" not in sys.modules
+
+
+class _RecordingEngine:
+    """Stands in for ``AsyncLLMEngine``: records collective_rpc and prefix-cache resets in order."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    async def collective_rpc(self, method, args=()):
+        self.calls.append(method)
+        return []
+
+    async def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+        return True
+
+
+@pytest.mark.parametrize(
+    ("method", "args", "rpc"),
+    [
+        ("update_weights", ([("w", torch.zeros(1))],), "trinity_load_weights"),
+        ("load_checkpoint", ("/ckpt",), "trinity_load_checkpoint"),
+        ("receive_weights", ([], 3), "trinity_receive_weights"),
+    ],
+)
+def test_every_weight_change_resets_the_prefix_cache_afterwards(method, args, rpc):
+    import asyncio
+
+    from trinity.explorer.engines.vllm_engine import VLLMEngineActor
+
+    actor = object.__new__(VLLMEngineActor)  # no vLLM here: skip __init__, give it a recording engine
+    actor.engine = _RecordingEngine()
+    asyncio.run(getattr(actor, method)(*args))
+    # KV blocks cached under the old weights must not serve the new model version.
+    assert actor.engine.calls == [rpc, "reset_prefix_cache"]
+    assert "reset_prefix_cache" in VLLM_API["AsyncLLMEngine"]

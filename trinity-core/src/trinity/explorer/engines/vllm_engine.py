@@ -68,7 +68,7 @@ VLLM_API = {
         "worker_extension_cls",
         "logprobs_mode",
     ],
-    "AsyncLLMEngine": ["from_engine_args", "generate", "collective_rpc", "shutdown"],
+    "AsyncLLMEngine": ["from_engine_args", "generate", "collective_rpc", "reset_prefix_cache", "shutdown"],
     # Attributes of the GPU worker that WeightUpdateExtension (mixed into it) reads.
     "Worker": ["rank", "device", "model_runner"],
     "RequestOutput": ["prompt_token_ids", "outputs", "finished", "prompt_logprobs"],
@@ -243,11 +243,18 @@ class VLLMEngineActor:
         out = await self._run(tokens, {"max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0})
         return prompt_logprobs_to_tensor(out.prompt_logprobs, tokens)
 
+    async def _weights_changed(self) -> None:
+        # KV blocks cached for shared prefixes were computed with the old weights; reusing them
+        # would mix two model versions in one response.
+        await self.engine.reset_prefix_cache()
+
     async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> None:
         await self.engine.collective_rpc("trinity_load_weights", args=(named_tensors,))
+        await self._weights_changed()
 
     async def load_checkpoint(self, path: str) -> None:
         await self.engine.collective_rpc("trinity_load_checkpoint", args=(path,))
+        await self._weights_changed()
 
     async def weight_sync_devices(self) -> list[str]:
         return list(await self.engine.collective_rpc("trinity_weight_sync_device"))
@@ -257,6 +264,7 @@ class VLLMEngineActor:
 
     async def receive_weights(self, metas: list[Any], version: int) -> None:
         await self.engine.collective_rpc("trinity_receive_weights", args=(metas, version))
+        await self._weights_changed()
 
     async def close_weight_group(self) -> None:
         await self.engine.collective_rpc("trinity_close_weight_group")
