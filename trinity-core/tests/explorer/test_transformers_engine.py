@@ -153,3 +153,99 @@ def test_update_weights_and_load_checkpoint(tmp_path, tiny_model_path):
     with pytest.raises(ValueError, match="shape"):
         engine.update_weights({name: torch.zeros(value.shape[0] + 1)}, version=5)
     assert engine.model_version == 4
+
+
+def _concurrent(engine, calls):
+    """Run ``engine.generate_tokens`` for each ``(prompts, args)`` in its own thread, all of them
+    queued while the engine is busy (its lock held here), then released at once."""
+    import threading
+    import time
+
+    results: list = [None] * len(calls)
+    errors: list = [None] * len(calls)
+
+    def work(i, prompts, args):
+        try:
+            results[i] = engine.generate_tokens(prompts, args)
+        except BaseException as exc:  # handed back to the test
+            errors[i] = exc
+
+    threads = [threading.Thread(target=work, args=(i, *c)) for i, c in enumerate(calls)]
+    before = (engine.batches_run, engine.calls_batched)
+    with engine._lock:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(engine._queue) < len(calls) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine._queue) == len(calls)
+    for t in threads:
+        t.join(timeout=60)
+    return results, errors, (engine.batches_run - before[0], engine.calls_batched - before[1])
+
+
+def test_concurrent_calls_share_one_generate_and_each_gets_its_own_answers(engine, tiny_model_path):
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    args = SamplingArgs(n=3, max_tokens=9, temperature=1.0)
+    texts = [["ab"], ["a much longer prompt", "xy"], ["12+34="], ["q"]]
+    calls = [([engine.encode(t) for t in group], args) for group in texts]
+    results, errors, (batches, answered) = _concurrent(engine, calls)
+    assert errors == [None] * 4
+    assert (batches, answered) == (1, 4)  # four callers, one generate
+    for (prompts, _), groups in zip(calls, results, strict=True):
+        assert len(groups) == len(prompts)
+        for prompt, group in zip(prompts, groups, strict=True):
+            assert len(group) == 3
+            for exp in group:
+                assert exp.tokens[: exp.prompt_length].tolist() == prompt
+                tokens = exp.tokens.tolist()
+                # Batched with longer and shorter prompts: the logprobs are still the sequence's own.
+                expected = _reference_logprobs(reference, tokens, exp.prompt_length, 1.0)
+                torch.testing.assert_close(exp.logprobs, expected, atol=1e-4, rtol=0)
+
+
+def test_only_calls_with_the_same_arguments_are_batched(engine):
+    short, long = SamplingArgs(n=2, max_tokens=2), SamplingArgs(n=2, max_tokens=12, min_tokens=12)
+    calls = [([engine.encode("ab")], short), ([engine.encode("cd")], long), ([engine.encode("ef")], short)]
+    results, errors, (batches, answered) = _concurrent(engine, calls)
+    assert errors == [None] * 3
+    assert (batches, answered) == (2, 3)
+    assert all(exp.response_length <= 2 for i in (0, 2) for exp in results[i][0])
+    assert all(exp.response_length == 12 for exp in results[1][0])
+
+
+def test_seeded_calls_are_not_batched_and_reproduce_alone(engine):
+    import threading
+
+    args = SamplingArgs(n=2, max_tokens=8, seed=7)
+    alone = engine.generate_tokens([engine.encode("hello")], args)
+    results: dict[str, list] = {}
+    calls = {"seeded": args, "unseeded": SamplingArgs(n=2, max_tokens=8)}
+    before = engine.calls_batched
+    with engine._lock:  # both calls arrive while the engine is busy
+        threads = [
+            threading.Thread(target=lambda k=k, a=a: results.__setitem__(k, engine.generate_tokens(
+                [engine.encode("hello")], a)))
+            for k, a in calls.items()
+        ]  # fmt: skip
+        for t in threads:
+            t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert engine.calls_batched - before == 1  # the unseeded call only: the seeded one ran alone
+    assert [e.tokens.tolist() for e in results["seeded"][0]] == [e.tokens.tolist() for e in alone[0]]
+
+
+def test_a_failing_batch_fails_every_caller_in_it(engine, monkeypatch):
+    def broken(prompts, args):
+        raise RuntimeError("generate blew up")
+
+    monkeypatch.setattr(engine, "_generate_chunk", broken)
+    args = SamplingArgs(n=1, max_tokens=4)
+    calls = [([engine.encode("ab")], args), ([engine.encode("cd")], args)]
+    results, errors, (batches, _) = _concurrent(engine, calls)
+    assert results == [None, None] and batches == 0  # counts only the batches that succeeded
+    assert [str(e) for e in errors] == ["generate blew up"] * 2
+    monkeypatch.undo()
+    assert engine._queue == []  # nothing left behind for the next caller
+    assert len(engine.generate_tokens([engine.encode("ab")], args)) == 1

@@ -5,14 +5,20 @@ padded). The logprob of each sampled token is taken from the logits of the very 
 that sampled it (``output_logits``), divided by the sampling temperature, so it equals a
 separate forward pass over the finished sequence up to float round-off.
 
-One call runs at a time (a lock): the model is not re-entrant, and concurrent runners get
-their throughput from batching ``n`` samples and several prompts per call.
+One ``generate`` runs at a time (a lock): the model is not re-entrant. Concurrent calls are
+batched together instead of queueing one by one: calls that arrive while a ``generate`` runs
+wait in a queue, and the next ``generate`` takes every queued call with the same sampling
+arguments (up to ``max_batch_size`` sequences). The workflow runners of one explorer step (each
+asking for ``n`` samples of its own task) thus share a handful of ``generate`` calls, as they
+would share vLLM's continuous batching. Calls with their own ``seed`` are not batched with
+others: their samples must not depend on what else was running.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +41,17 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or 'auto'")
     return getattr(torch, _DTYPES[dtype])
+
+
+@dataclass(eq=False)
+class _Call:
+    """One queued ``generate_tokens`` call, answered by whichever thread runs its batch."""
+
+    prompts: list[list[int]]
+    args: SamplingArgs
+    result: list[list[Any]] | None = None
+    error: BaseException | None = None
+    done: bool = field(default=False)
 
 
 class TransformersEngine(RolloutEngine):
@@ -81,7 +98,12 @@ class TransformersEngine(RolloutEngine):
         ).to(self.device)
         self.model.eval()
         self.max_batch_size = max_batch_size
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held while the model generates
+        self._queue_lock = threading.Lock()  # guards _queue
+        self._queue: list[_Call] = []
+        #: ``generate`` batches run and calls they answered (see :meth:`generate_tokens`).
+        self.batches_run = 0
+        self.calls_batched = 0
         self._generator = torch.Generator().manual_seed(seed)
 
         eos = self.model.generation_config.eos_token_id
@@ -102,8 +124,50 @@ class TransformersEngine(RolloutEngine):
     def generate_tokens(self, prompts: list[list[int]], args: SamplingArgs) -> list[list[Any]]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt (0 tokens)")
+        if args.seed is not None:
+            with self._lock:
+                return self._generate(prompts, args)
+        call = _Call(prompts, args)
+        with self._queue_lock:
+            self._queue.append(call)
+        with self._lock:
+            if not call.done:  # nobody took it while we waited: run it, and whatever matches it
+                self._run_batch(call)
+        if call.error is not None:
+            raise call.error
+        assert call.result is not None
+        return call.result
+
+    def _run_batch(self, leader: _Call) -> None:
+        """Under ``_lock``: one ``generate`` for ``leader`` and the queued calls with its args."""
+        budget = max(self.max_batch_size, len(leader.prompts) * leader.args.n)
+        with self._queue_lock:
+            batch, rest, size = [], [], 0
+            for call in self._queue:
+                fits = size + len(call.prompts) * call.args.n <= budget
+                if call is leader or (call.args == leader.args and fits):
+                    batch.append(call)
+                    size += len(call.prompts) * call.args.n
+                else:
+                    rest.append(call)
+            self._queue = rest
+        try:
+            groups = self._generate([p for call in batch for p in call.prompts], leader.args)
+        except BaseException as exc:  # every caller of the batch sees the failure
+            for call in batch:
+                call.error, call.done = exc, True
+            return
+        start = 0
+        for call in batch:
+            call.result, call.done = groups[start : start + len(call.prompts)], True
+            start += len(call.prompts)
+        self.batches_run += 1
+        self.calls_batched += len(batch)
+
+    def _generate(self, prompts: list[list[int]], args: SamplingArgs) -> list[list[Any]]:
+        """Under ``_lock``: ``args.n`` samples of each prompt, ``max_batch_size`` sequences a go."""
         per_call = max(1, self.max_batch_size // args.n)
-        with self._lock, torch.random.fork_rng(devices=self._rng_devices()):
+        with torch.random.fork_rng(devices=self._rng_devices()):
             # Seed the global RNG that generate() samples from: the call's own seed makes it
             # reproducible; otherwise the engine's generator continues one stream.
             seed = (
