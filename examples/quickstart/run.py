@@ -7,7 +7,7 @@
    work folder; nothing is downloaded;
 2. runs ``trinity run --config examples/quickstart/quickstart.yaml``: stage ``sft_warmup``
    (supervised warm-up on that corpus) then stage ``grpo`` (RL on the train problems,
-   evaluated on the held-out ones before the first step and every 30 steps);
+   evaluated on the held-out ones before the first step and every 40 steps);
 3. reads the eval accuracy from the run's tensorboard files and prints it before and after RL.
 
 The work folder is recreated on every run (it must be empty or an earlier quickstart's).
@@ -27,16 +27,21 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 MARKER = ".trinity-quickstart"  # marks a work folder this script made, so it may recreate it
 
-# One-digit sums: 100 questions in all, 25 held out for evaluation. As in real reinforcement
-# fine-tuning, the warm-up ("pre-training") gives the model knowledge and RL teaches it the task:
-# the SFT data holds the plain facts of all 100 sums in another surface form ("3+4=" -> "3+4=7", no
-# tags) plus worked solutions in the task's <think>/<answer> format for only SFT_PROBLEMS train
-# questions. The held-out task prompts ("3+4" answered in tags) are never trained on; RL
-# practises the 75 train prompts and has to learn to use what the model knows in that format.
+# Sums of three one-digit numbers ("3+4+5"): 1,000 questions in all, 100 held out for evaluation.
+# As in real reinforcement fine-tuning, the warm-up ("pre-training" plus a little SFT) gives the
+# model knowledge and a first try at the task, and RL improves the skill: the SFT data holds the
+# plain one-step sums in another surface form ("3+4=" -> "3+4=7", no tags) plus worked solutions
+# in the task's <think>/<answer> format for SFT_PROBLEMS train questions. The held-out questions
+# are never trained on; RL practises the 600 train questions without a worked solution, and what
+# it improves, the
+# step-by-step procedure every question shares, carries over to them.
 DIFFICULTY = 1
-TEST_PROBLEMS = 25
-TRAIN_PROBLEMS = 75
-SFT_PROBLEMS = 10
+TERMS = 3
+TEST_PROBLEMS = 100
+TRAIN_PROBLEMS = 900
+SFT_PROBLEMS = 300
+PRACTICE_PROBLEMS = 100  # of the 600 RL questions, evaluated as "practice"
+MODEL = {"hidden_size": 128, "num_layers": 2, "num_heads": 4}  # ~300k parameters
 SEED = 0
 
 
@@ -55,13 +60,20 @@ def prepare(work: Path) -> None:
     work.mkdir(parents=True, exist_ok=True)
     (work / MARKER).write_text("made by examples/quickstart/run.py; deleted and recreated on each run\n")
 
-    problems = arithmetic_problems(TRAIN_PROBLEMS + TEST_PROBLEMS, difficulty=DIFFICULTY, seed=SEED)
+    problems = arithmetic_problems(
+        TRAIN_PROBLEMS + TEST_PROBLEMS, difficulty=DIFFICULTY, terms=TERMS, seed=SEED
+    )
     train, test = split(problems, TEST_PROBLEMS)
-    # The warm-up corpus: every sum's fact, then the few worked solutions (see the note above).
+    # The warm-up corpus: every one-step sum's fact, then the worked solutions (see the note above).
     write_taskset(work / "data", train, test, sft=SFT_PROBLEMS, facts=problems)
     # The train problems without an SFT solution, evaluated as "practice": what RL learns alone.
-    write_jsonl(work / "data" / "practice" / "train.jsonl", (p.row() for p in train[SFT_PROBLEMS:]))
-    create_math_model(work / "model", seed=SEED)
+    # RL practises the train questions the warm-up has no worked solution for (the solved ones
+    # would give groups of all-correct answers: no advantage, no learning), and a sample of
+    # them is evaluated as "practice" next to the held-out questions.
+    unsolved = train[SFT_PROBLEMS:]
+    write_jsonl(work / "data" / "rl" / "train.jsonl", (p.row() for p in unsolved))
+    write_jsonl(work / "data" / "practice" / "train.jsonl", (p.row() for p in unsolved[:PRACTICE_PROBLEMS]))
+    create_math_model(work / "model", seed=SEED, **MODEL)
     print(
         f"[quickstart] {len(train)} train / {len(test)} held-out test problems and "
         f"{SFT_PROBLEMS} SFT solutions in {work / 'data'}; fresh tiny model in {work / 'model'}",

@@ -58,6 +58,39 @@ def test_arithmetic_refuses_more_problems_than_exist() -> None:
         arithmetic_problems(101, difficulty=1)
 
 
+def test_multi_step_sums_are_distinct_correct_seeded_and_solved_one_step_at_a_time() -> None:
+    problems = arithmetic_problems(1000, terms=3, seed=0)  # every sum of three one-digit numbers
+    assert len({p.question for p in problems}) == 1000
+    fn = MathRewardFn()
+    for p in problems[:200]:
+        numbers = [int(x) for x in p.question.split("+")]
+        assert len(numbers) == 3 and all(0 <= n <= 9 for n in numbers)
+        assert p.answer == str(sum(numbers))
+        first = numbers[0] + numbers[1]
+        expected = f"{numbers[0]}+{numbers[1]}={first},{first}+{numbers[2]}={sum(numbers)}"
+        assert p.solution == f"<think>{expected}</think><answer>{p.answer}</answer>"
+        assert fn(p.solution, p.answer)["accuracy"] == 1.0
+        assert fn(p.wrong_solution, p.answer)["accuracy"] == 0.0
+    assert [p.row() for p in arithmetic_problems(50, terms=3, seed=0)] == [p.row() for p in problems[:50]]
+    assert [p.row() for p in arithmetic_problems(50, terms=3, seed=1)] != [p.row() for p in problems[:50]]
+    with pytest.raises(ValueError, match="only 1000 distinct problems"):
+        arithmetic_problems(1001, terms=3)
+    with pytest.raises(ValueError, match="sums only"):
+        arithmetic_problems(10, difficulty=2, terms=3)
+    with pytest.raises(ValueError, match="at least 2"):
+        arithmetic_problems(10, terms=1)
+
+
+def test_fact_rows_of_multi_step_sums_are_their_distinct_steps() -> None:
+    rows = fact_rows(arithmetic_problems(1000, terms=3, seed=0))
+    # a+b for a, b in 0..9 and then s+c for s in 0..18, c in 0..9: 190 distinct one-step sums
+    assert len(rows) == len({r["prompt"] for r in rows}) == 190
+    for row in rows:
+        a, b = row["prompt"].rstrip("=").split("+")
+        assert int(a) <= 18 and int(b) <= 9
+        assert row["response"] == f"{a}+{b}={int(a) + int(b)}"
+
+
 def test_countdown_problems_are_solvable_by_construction() -> None:
     problems = countdown_problems(60, num_numbers=4, max_number=12, max_target=60, seed=1)
     reward = CountdownRewardFn()
@@ -106,6 +139,15 @@ def test_write_taskset_heads_the_sft_file_with_facts_and_cli_agrees(tmp_path: Pa
     cli = ["arithmetic", "--out", str(tmp_path / "cli"), "--train", "75", "--test", "25", "--sft", "10"]
     assert main([*cli, "--facts"]) == 0
     assert (tmp_path / "cli" / "sft" / "train.jsonl").read_text() == paths["sft"].read_text()
+    # The quickstart's data, as its YAML's comment builds it by hand.
+    three = arithmetic_problems(1000, terms=3, seed=0)
+    train3, test3 = split(three, 100)
+    api3 = write_taskset(tmp_path / "api3", train3, test3, sft=300, facts=three)
+    cli3 = ["arithmetic", "--out", str(tmp_path / "cli3"), "--train", "900", "--test", "100"]
+    assert main([*cli3, "--sft", "300", "--facts", "--terms", "3"]) == 0
+    for name in ("train.jsonl", "test.jsonl", "sft/train.jsonl"):
+        assert (tmp_path / "cli3" / name).read_text() == (tmp_path / "api3" / name).read_text()
+    assert len(read_jsonl(api3["sft"])) == 190 + 300
 
 
 def test_write_taskset_layout_and_disjoint_splits(tmp_path: Path) -> None:

@@ -13,15 +13,17 @@ format ``math_reward`` / ``countdown_reward`` score; they come from train questi
 Command line (also installed as ``trinity-math-tasks``)::
 
     python -m trinity_math.tasks arithmetic --out data/arith --train 2000 --test 200 --difficulty 1
-    python -m trinity_math.tasks arithmetic --out data/qs --train 75 --test 25 --sft 10 --facts
+    python -m trinity_math.tasks arithmetic --out data/qs --train 900 --test 100 --sft 300 --facts --terms 3
     python -m trinity_math.tasks countdown --out data/countdown --train 5000 --test 200
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -79,22 +81,49 @@ def _arithmetic_problem(a: int, op: str, b: int, rng: random.Random) -> Problem:
     )
 
 
+def _sum_chain_problem(numbers: Sequence[int], rng: random.Random) -> Problem:
+    """``"3+4+5"``, solved one step at a time: ``<think>3+4=7,7+5=12</think><answer>12</answer>``."""
+    steps, total = [], numbers[0]
+    for n in numbers[1:]:
+        steps.append(f"{total}+{n}={total + n}")
+        total += n
+    wrong = total + rng.choice([-2, -1, 1, 2]) if total > 1 else total + rng.choice([1, 2])
+    wrong_steps = [*steps[:-1], steps[-1].rsplit("=", 1)[0] + f"={wrong}"]
+    return Problem(
+        question="+".join(map(str, numbers)),
+        answer=str(total),
+        solution=_solution(",".join(steps), str(total)),
+        wrong_solution=_solution(",".join(wrong_steps), str(wrong)),
+    )
+
+
 def _arithmetic_space(ops: str, top: int) -> int:
     n = top + 1
     # a - b is generated with a >= b only, so results stay non-negative.
     return sum(n * (n + 1) // 2 if op == "-" else n * n for op in ops)
 
 
-def arithmetic_problems(count: int, *, difficulty: int = 1, seed: int = 0) -> list[Problem]:
+def arithmetic_problems(count: int, *, difficulty: int = 1, seed: int = 0, terms: int = 2) -> list[Problem]:
     """``count`` distinct problems ``a<op>b`` (no repeats), in a seeded random order.
 
     ``difficulty`` picks operators and operand range from :data:`ARITHMETIC_LEVELS`; results
     are never negative. Questions are the bare expression (``"3+4"``), short on purpose so a
     tiny character-level model can learn them on a CPU in minutes.
+
+    ``terms > 2`` (sums only, ``difficulty 1``) gives multi-step sums such as ``"3+4+5"`` whose
+    worked solutions add one number at a time (``3+4=7,7+5=12``): every step is a one-step sum,
+    so a model that knows those (see :func:`fact_rows`) can solve unseen problems by composing
+    them, which is what makes held-out accuracy reachable for a tiny model.
     """
     if difficulty not in ARITHMETIC_LEVELS:
         raise ValueError(f"difficulty must be one of {sorted(ARITHMETIC_LEVELS)}, got {difficulty}")
+    if terms < 2:
+        raise ValueError(f"terms must be at least 2, got {terms}")
     ops, top = ARITHMETIC_LEVELS[difficulty]
+    if terms > 2:
+        if ops != "+":
+            raise ValueError(f"terms > 2 is for sums only (difficulty 1), got difficulty {difficulty}")
+        return _sum_chains(count, terms=terms, top=top, seed=seed)
     space = _arithmetic_space(ops, top)
     if count > space:
         raise ValueError(
@@ -122,15 +151,39 @@ def arithmetic_problems(count: int, *, difficulty: int = 1, seed: int = 0) -> li
     return [_arithmetic_problem(a, op, b, rng) for a, op, b in chosen]
 
 
-def fact_rows(problems: Iterable[Problem]) -> list[dict[str, str]]:
-    """Plain "fact" SFT rows for arithmetic problems: prompt ``"3+4="``, response ``"3+4=7"``.
+def _sum_chains(count: int, *, terms: int, top: int, seed: int) -> list[Problem]:
+    space = (top + 1) ** terms
+    if count > space:
+        raise ValueError(
+            f"{terms}-term one-digit sums have only {space} distinct problems, {count} were requested"
+        )
+    rng = random.Random(f"sums/{terms}/{seed}")
+    tuples = list(itertools.product(range(top + 1), repeat=terms))
+    rng.shuffle(tuples)
+    return [_sum_chain_problem(numbers, rng) for numbers in tuples[:count]]
 
-    A different surface form from the taskset's (bare ``"3+4"`` answered in
-    ``<think>…</think><answer>…</answer>`` tags), like the facts a base model picks up in
-    pre-training: a model warmed up on these knows the sums without knowing the task's format,
-    which is what reinforcement fine-tuning then teaches it.
+
+_STEP = re.compile(r"^(\d+[-+*]\d+)=(\d+)$")
+
+
+def fact_rows(problems: Iterable[Problem]) -> list[dict[str, str]]:
+    """Plain "fact" SFT rows for the steps of arithmetic problems: prompt ``"3+4="``, response ``"3+4=7"``.
+
+    One row per distinct step of the problems' worked solutions (``"3+4+5"`` gives ``3+4=7``
+    and ``7+5=12``), in order of first appearance. A different surface form from the
+    taskset's (bare ``"3+4"`` answered in ``<think>…</think><answer>…</answer>`` tags), like the
+    facts a base model picks up in pre-training: a model warmed up on these knows the sums
+    without knowing the task's format, which is what reinforcement fine-tuning then teaches it.
     """
-    return [{"prompt": f"{p.question}=", "response": f"{p.question}={p.answer}"} for p in problems]
+    rows: dict[str, dict[str, str]] = {}
+    for p in problems:
+        think = p.solution.split("<think>", 1)[-1].split("</think>", 1)[0]
+        for step in think.split(","):
+            match = _STEP.match(step)
+            if match is None:
+                raise ValueError(f"{p.question!r}: {step!r} is not an arithmetic step like '3+4=7'")
+            rows.setdefault(step, {"prompt": f"{match.group(1)}=", "response": step})
+    return list(rows.values())
 
 
 # -- countdown --------------------------------------------------------------------------------
@@ -311,11 +364,14 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(
                 "--facts",
                 action="store_true",
-                help='head sft/ with every problem\'s fact ("3+4=" -> "3+4=7")',
+                help='head sft/ with the fact of every step of every problem ("3+4=" -> "3+4=7")',
             )
         p.add_argument("--seed", type=int, default=0)
         if name == "arithmetic":
             p.add_argument("--difficulty", type=int, default=1, choices=sorted(ARITHMETIC_LEVELS))
+            p.add_argument(
+                "--terms", type=int, default=2, help="numbers per problem; > 2 for sums (difficulty 1)"
+            )
         else:
             p.add_argument("--num-numbers", type=int, default=3)
             p.add_argument("--max-number", type=int, default=20)
@@ -324,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     total = args.train + args.test
     try:
         if args.kind == "arithmetic":
-            problems = arithmetic_problems(total, difficulty=args.difficulty, seed=args.seed)
+            problems = arithmetic_problems(
+                total, difficulty=args.difficulty, seed=args.seed, terms=args.terms
+            )
         else:
             problems = countdown_problems(
                 total,
