@@ -26,6 +26,21 @@ def test_quickstart_is_sft_then_rl_on_cpu_backends(monkeypatch, tmp_path, name, 
     assert rl.trainer.trainer_type == "native"
     assert rl.synchronizer.sync_method == "memory"
     assert rl.model.model_path == f"{tmp_path}/model"  # the launcher moves it to the SFT weights
+    # RL practises the train problems without a worked solution; the held-out ones stay unseen.
+    assert [t.path for t in rl.buffer.explorer_input.tasksets] == [f"{tmp_path}/data/rl"]
+
+
+def test_opmd_variant_differs_from_the_quickstart_only_in_its_algorithm():
+    import yaml
+
+    quickstart, opmd = (
+        yaml.safe_load((EXAMPLES / "quickstart" / n).read_text()) for n in ("quickstart.yaml", "opmd.yaml")
+    )
+    assert (opmd["name"], opmd["algorithm"]["algorithm_type"], opmd["stages"][1]["stage_name"]) == (
+        "arithmetic-opmd", "opmd", "opmd")  # fmt: skip
+    opmd["name"], opmd["algorithm"]["algorithm_type"], opmd["stages"][1]["stage_name"] = (
+        quickstart["name"], quickstart["algorithm"]["algorithm_type"], quickstart["stages"][1]["stage_name"])  # fmt: skip
+    assert opmd == quickstart  # same data, model, warm-up, steps and evaluation
 
 
 def test_dpo_example_trains_on_preference_pairs(monkeypatch, tmp_path):
