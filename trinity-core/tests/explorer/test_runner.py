@@ -215,3 +215,30 @@ def test_single_runner_results_keep_task_order():
     runner = WorkflowRunner(object(), max_timeout=5)
     result = asyncio.run(runner.run_task(_task(Counting, 3, r=2)))
     assert result.ok and result.experiences[0].reward == 2.0 and result.seconds >= 0
+
+
+class ChatSample(Workflow):
+    """Samples its task's prompt at temperature 1 with no seed of its own."""
+
+    can_repeat = True
+
+    def run(self):
+        messages = [{"role": "user", "content": self.task.raw_task["q"]}]
+        return self.model.chat(messages, n=self.repeat_times, max_tokens=6, temperature=1.0)
+
+
+def test_a_tasks_samples_depend_on_the_task_not_on_runner_or_order(engine):
+    def responses(order):
+        pool = _pool([ModelWrapper(engine) for _ in range(4)], runner_per_model=4)
+        tasks = [_task(ChatSample, i, repeat_times=3, q="same prompt") for i in order]
+        return {r.task.index: [e.tokens.tolist() for e in r.experiences] for r in pool.run_tasks(tasks)}
+
+    first, second = responses(range(8)), responses(reversed(range(8)))
+    assert first == second  # other runners, other batch partners, same rollouts
+    # The seed comes from the task's identity: the same prompt in another task samples anew.
+    assert len({str(v) for v in first.values()}) > 1
+    # Outside a runner (no task identity) calls continue the engine's own stream.
+    model = ModelWrapper(engine)
+    a = model.chat([{"role": "user", "content": "x"}], n=2, max_tokens=6)
+    b = model.chat([{"role": "user", "content": "x"}], n=2, max_tokens=6)
+    assert [e.tokens.tolist() for e in a] != [e.tokens.tolist() for e in b]

@@ -214,30 +214,47 @@ def test_only_calls_with_the_same_arguments_are_batched(engine):
     assert all(exp.response_length == 12 for exp in results[1][0])
 
 
-def test_seeded_calls_are_not_batched_and_reproduce_alone(engine):
-    import threading
-
+def test_a_seeded_call_samples_the_same_alone_or_batched_with_others(engine):
     args = SamplingArgs(n=2, max_tokens=8, seed=7)
     alone = engine.generate_tokens([engine.encode("hello")], args)
-    results: dict[str, list] = {}
-    calls = {"seeded": args, "unseeded": SamplingArgs(n=2, max_tokens=8)}
-    before = engine.calls_batched
-    with engine._lock:  # both calls arrive while the engine is busy
-        threads = [
-            threading.Thread(target=lambda k=k, a=a: results.__setitem__(k, engine.generate_tokens(
-                [engine.encode("hello")], a)))
-            for k, a in calls.items()
-        ]  # fmt: skip
-        for t in threads:
-            t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert engine.calls_batched - before == 1  # the unseeded call only: the seeded one ran alone
-    assert [e.tokens.tolist() for e in results["seeded"][0]] == [e.tokens.tolist() for e in alone[0]]
+    calls = [
+        ([engine.encode("a much longer prompt")], SamplingArgs(n=2, max_tokens=8, seed=3)),
+        ([engine.encode("hello")], args),
+        ([engine.encode("x")], SamplingArgs(n=2, max_tokens=8)),
+    ]
+    results, errors, (batches, answered) = _concurrent(engine, calls)
+    assert errors == [None] * 3 and (batches, answered) == (1, 3)  # seeds differ, one batch
+    # Each row samples with a generator of its own: the neighbours change nothing.
+    assert [e.tokens.tolist() for e in results[1][0]] == [e.tokens.tolist() for e in alone[0]]
+
+
+def test_row_sampler_draws_from_the_tempered_filtered_distribution():
+    from trinity.explorer.engines.transformers_engine import RowSampler, row_seeds
+
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    scores = probs.log().repeat(4000, 1)
+    seeds = row_seeds(0, 4000, 1)
+
+    def frequencies(**kw):
+        picks = RowSampler(seeds, **kw)(None, scores).argmax(-1)
+        return torch.bincount(picks, minlength=4).float() / len(picks)
+
+    torch.testing.assert_close(frequencies(temperature=1.0, top_k=-1, top_p=1.0), probs, atol=0.03, rtol=0)
+    tempered = torch.softmax(probs.log() / 0.5, -1)  # temperature 0.5 sharpens
+    torch.testing.assert_close(frequencies(temperature=0.5, top_k=-1, top_p=1.0), tempered, atol=0.03, rtol=0)
+    top2 = torch.tensor([0.0, 0.0, 3 / 7, 4 / 7])
+    torch.testing.assert_close(frequencies(temperature=1.0, top_k=2, top_p=1.0), top2, atol=0.03, rtol=0)
+    # top_p 0.65: the smallest set of most likely tokens holding 65% is {0.4, 0.3}
+    torch.testing.assert_close(frequencies(temperature=1.0, top_k=-1, top_p=0.65), top2, atol=0.03, rtol=0)
+    assert frequencies(temperature=1.0, top_k=1, top_p=1.0).tolist() == [0.0, 0.0, 0.0, 1.0]
+    # The same seeds give the same draws; the output is 0 at the draw and -inf elsewhere.
+    out = RowSampler(seeds[:5], 1.0, -1, 1.0)(None, scores[:5])
+    assert torch.equal(out, RowSampler(seeds[:5], 1.0, -1, 1.0)(None, scores[:5]))
+    assert ((out == 0).sum(-1) == 1).all() and torch.isinf(out).sum() == 5 * 3
 
 
 def test_a_failing_batch_fails_every_caller_in_it(engine, monkeypatch):
-    def broken(prompts, args):
+    def broken(prompts, args, seeds):
         raise RuntimeError("generate blew up")
 
     monkeypatch.setattr(engine, "_generate_chunk", broken)

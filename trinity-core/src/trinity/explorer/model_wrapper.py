@@ -9,7 +9,10 @@ calls, is also recorded, for workflows whose agent code never sees Experiences;
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -53,6 +56,33 @@ class ModelWrapper:
         self._history: list[Experience] = []
         self._lock = threading.Lock()
         self._server: OpenAIServer | None = None
+        self._seeds: Iterator[int] | None = None
+
+    def seed_calls(self, key: str | None) -> None:
+        """Seed this wrapper's calls that ask for no ``seed`` from ``key``, one seed per call.
+
+        The workflow runner calls it with the task's identity before each task, so a task's
+        samples depend on the task, the weights and the engine's seed, not on which runner ran
+        it or what shared the engine's batch: a job with fixed seeds samples the same rollouts
+        on every run. ``None`` goes back to the engine's own seed stream.
+        """
+        if key is None:
+            self._seeds = None
+            return
+        engine_seed = getattr(self.engine, "seed", 0)
+        digest = hashlib.sha256(f"{engine_seed}/{key}".encode()).digest()
+        self._seeds = itertools.count(int.from_bytes(digest[:7], "big"))
+
+    def _with_seed(self, rollout_args: dict[str, Any]) -> dict[str, Any]:
+        if (
+            self._seeds is None
+            or rollout_args.get("seed") is not None
+            or self.engine.default_args.seed is not None
+        ):
+            return rollout_args
+        with self._lock:
+            seed = next(self._seeds)
+        return {**rollout_args, "seed": seed}
 
     @property
     def model_version(self) -> int:
@@ -67,19 +97,19 @@ class ModelWrapper:
 
     def chat(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
         """Sample replies to ``messages`` (``n`` in ``rollout_args`` for several)."""
-        return self._record(self.engine.chat(messages, **rollout_args))
+        return self._record(self.engine.chat(messages, **self._with_seed(rollout_args)))
 
     def generate(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
         """Sample continuations of raw prompts (no chat template), prompt-major."""
-        return self._record(self.engine.generate(prompts, **rollout_args))
+        return self._record(self.engine.generate(prompts, **self._with_seed(rollout_args)))
 
     async def chat_async(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
         """Async twin of :meth:`chat`."""
-        return self._record(await self.engine.chat_async(messages, **rollout_args))
+        return self._record(await self.engine.chat_async(messages, **self._with_seed(rollout_args)))
 
     async def generate_async(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
         """Async twin of :meth:`generate`."""
-        return self._record(await self.engine.generate_async(prompts, **rollout_args))
+        return self._record(await self.engine.generate_async(prompts, **self._with_seed(rollout_args)))
 
     def logprobs(self, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
         """Logprobs of ``tokens[1:]`` under the current weights, ``(len(tokens) - 1,)``."""

@@ -152,6 +152,9 @@ class WorkflowRunner:
         start = time.monotonic()
         for attempt in range(1, self.max_retry_times + 2):
             result.attempts = attempt
+            seed_calls = getattr(self.model, "seed_calls", None)
+            if seed_calls is not None:  # the task's samples depend on the task, not on timing
+                seed_calls(f"{task_id(task)}/v{self.model.model_version}/attempt{attempt}")
             try:
                 result.experiences = await asyncio.wait_for(self._attempt(task), self.max_timeout)
                 result.error = None

@@ -8,14 +8,19 @@ separate forward pass over the finished sequence up to float round-off.
 One ``generate`` runs at a time (a lock): the model is not re-entrant. Concurrent calls are
 batched together instead of queueing one by one: calls that arrive while a ``generate`` runs
 wait in a queue, and the next ``generate`` takes every queued call with the same sampling
-arguments (up to ``max_batch_size`` sequences). The workflow runners of one explorer step (each
-asking for ``n`` samples of its own task) thus share a handful of ``generate`` calls, as they
-would share vLLM's continuous batching. Calls with their own ``seed`` are not batched with
-others: their samples must not depend on what else was running.
+arguments but the seed (up to ``max_batch_size`` sequences). The workflow runners of one
+explorer step (each asking for ``n`` samples of its own task) thus share a handful of
+``generate`` calls, as they would share vLLM's continuous batching.
+
+Every sampled row draws from a random generator of its own, seeded from its call's ``seed``
+and its place in the call (:class:`RowSampler`), as vLLM seeds each request: a call's samples
+depend on its seed only, never on what else shared the batch. Calls without a seed take one
+from the engine's seeded stream.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +46,43 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or 'auto'")
     return getattr(torch, _DTYPES[dtype])
+
+
+class RowSampler:
+    """Logits processor that samples each row with its own ``torch.Generator``.
+
+    ``generate`` then runs greedy search over the processor's output, which is 0 for the
+    sampled token and -inf elsewhere, so the sample is the processor's. Temperature, top-k and
+    top-p are applied here; ``generate``'s own processors (min-new-tokens) run before it.
+    """
+
+    def __init__(self, seeds: list[int], temperature: float, top_k: int, top_p: float) -> None:
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.float() / self.temperature
+        if 0 < self.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        if self.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            drop = (sorted_probs.cumsum(-1) - sorted_probs) >= self.top_p
+            probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+        cdf = probs.cpu().double().cumsum(-1)
+        uniforms = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in self.generators])
+        # right=True: a draw of exactly 0 lands on the first token with positive probability.
+        picks = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(-1), right=True)
+        picks = picks.clamp_(max=cdf.shape[-1] - 1)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(-1, picks.to(scores.device), 0.0)
+
+
+def row_seeds(seed: int, prompts: int, n: int) -> list[int]:
+    """The seed of each of ``prompts x n`` rows of a call with ``seed`` (prompt-major)."""
+    return [(seed * 1_000_003 + row) % (2**63) for row in range(prompts * n)]
 
 
 @dataclass(eq=False)
@@ -104,6 +146,7 @@ class TransformersEngine(RolloutEngine):
         #: ``generate`` batches run and calls they answered (see :meth:`generate_tokens`).
         self.batches_run = 0
         self.calls_batched = 0
+        self.seed = seed
         self._generator = torch.Generator().manual_seed(seed)
 
         eos = self.model.generation_config.eos_token_id
@@ -124,9 +167,6 @@ class TransformersEngine(RolloutEngine):
     def generate_tokens(self, prompts: list[list[int]], args: SamplingArgs) -> list[list[Any]]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt (0 tokens)")
-        if args.seed is not None:
-            with self._lock:
-                return self._generate(prompts, args)
         call = _Call(prompts, args)
         with self._queue_lock:
             self._queue.append(call)
@@ -140,19 +180,26 @@ class TransformersEngine(RolloutEngine):
 
     def _run_batch(self, leader: _Call) -> None:
         """Under ``_lock``: one ``generate`` for ``leader`` and the queued calls with its args."""
+        shape = dataclasses.replace(leader.args, seed=None)
         budget = max(self.max_batch_size, len(leader.prompts) * leader.args.n)
         with self._queue_lock:
             batch, rest, size = [], [], 0
             for call in self._queue:
                 fits = size + len(call.prompts) * call.args.n <= budget
-                if call is leader or (call.args == leader.args and fits):
+                if call is leader or (fits and dataclasses.replace(call.args, seed=None) == shape):
                     batch.append(call)
                     size += len(call.prompts) * call.args.n
                 else:
                     rest.append(call)
             self._queue = rest
         try:
-            groups = self._generate([p for call in batch for p in call.prompts], leader.args)
+            seeds: list[int] = []
+            for call in batch:
+                seed = call.args.seed
+                if seed is None:  # the engine's stream, in the order calls are served
+                    seed = int(torch.randint(2**62, (1,), generator=self._generator))
+                seeds.extend(row_seeds(seed, len(call.prompts), call.args.n))
+            groups = self._generate([p for call in batch for p in call.prompts], shape, seeds)
         except BaseException as exc:  # every caller of the batch sees the failure
             for call in batch:
                 call.error, call.done = exc, True
@@ -164,50 +211,51 @@ class TransformersEngine(RolloutEngine):
         self.batches_run += 1
         self.calls_batched += len(batch)
 
-    def _generate(self, prompts: list[list[int]], args: SamplingArgs) -> list[list[Any]]:
-        """Under ``_lock``: ``args.n`` samples of each prompt, ``max_batch_size`` sequences a go."""
+    def _generate(self, prompts: list[list[int]], args: SamplingArgs, seeds: list[int]) -> list[list[Any]]:
+        """Under ``_lock``: ``args.n`` samples of each prompt, ``max_batch_size`` sequences a go;
+        ``seeds`` has one seed per sampled row (prompt-major)."""
         per_call = max(1, self.max_batch_size // args.n)
-        with torch.random.fork_rng(devices=self._rng_devices()):
-            # Seed the global RNG that generate() samples from: the call's own seed makes it
-            # reproducible; otherwise the engine's generator continues one stream.
-            seed = (
-                args.seed
-                if args.seed is not None
-                else int(torch.randint(2**62, (1,), generator=self._generator))
-            )
-            torch.manual_seed(seed)
-            groups: list[list[Any]] = []
-            for start in range(0, len(prompts), per_call):
-                groups.extend(self._generate_chunk(prompts[start : start + per_call], args))
+        groups: list[list[Any]] = []
+        for start in range(0, len(prompts), per_call):
+            chunk = prompts[start : start + per_call]
+            chunk_seeds = seeds[start * args.n : (start + len(chunk)) * args.n]
+            groups.extend(self._generate_chunk(chunk, args, chunk_seeds))
         return groups
 
-    def _rng_devices(self) -> list[Any]:
-        return [torch.device(self.device)] if self.device.startswith("cuda") else []
-
     @torch.no_grad()
-    def _generate_chunk(self, prompts: list[list[int]], args: SamplingArgs) -> list[list[Any]]:
-        from transformers import GenerationConfig
+    def _generate_chunk(
+        self, prompts: list[list[int]], args: SamplingArgs, seeds: list[int]
+    ) -> list[list[Any]]:
+        from transformers import GenerationConfig, LogitsProcessorList
 
         from trinity.experience import Experience
 
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):  # left padding: every prompt ends at column width-1
+        # One row per sample, prompt-major (row = prompt * n + k): generate() decodes greedily,
+        # which allows one sequence per input row.
+        rows = [ids for ids in prompts for _ in range(args.n)]
+        width = max(len(p) for p in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for row, ids in enumerate(rows):  # left padding: every prompt ends at column width-1
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention_mask[row, width - len(ids) :] = 1
 
         greedy = args.temperature == 0
+        # Sampling happens in RowSampler (one generator per row); generate() itself decodes
+        # greedily over its output. Explicit "off" values: None would let the model's
+        # generation_config (top_k=50 by default in transformers) slip in.
+        processors = (
+            LogitsProcessorList()
+            if greedy
+            else LogitsProcessorList([RowSampler(seeds, args.temperature, args.top_k, args.top_p)])
+        )
         config = GenerationConfig(
-            do_sample=not greedy,
-            temperature=None if greedy else args.temperature,
-            # Explicit "off" values: None would let the model's generation_config (top_k=50 by
-            # default in transformers) slip in.
-            top_k=None if greedy else max(args.top_k, 0),
-            top_p=None if greedy else args.top_p,
+            do_sample=False,
+            temperature=None,
+            top_k=None,
+            top_p=None,
             max_new_tokens=args.max_tokens,
             min_new_tokens=args.min_tokens or None,
-            num_return_sequences=args.n,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             stop_strings=args.stop or None,
@@ -218,6 +266,7 @@ class TransformersEngine(RolloutEngine):
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             generation_config=config,
+            logits_processor=processors,
             tokenizer=self.tokenizer if args.stop else None,
         )
         responses = out.sequences[:, width:]
@@ -240,7 +289,7 @@ class TransformersEngine(RolloutEngine):
             prompt_text = self.tokenizer.decode(prompt)
             group = []
             for k in range(args.n):
-                seq = row * args.n + k  # generate() returns the n samples of a prompt together
+                seq = row * args.n + k
                 ids = responses[seq].tolist()
                 end, reason, text = finish_point(ids, eos, args.stop, self._decode)
                 group.append(
