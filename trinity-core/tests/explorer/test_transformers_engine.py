@@ -251,6 +251,15 @@ def test_row_sampler_draws_from_the_tempered_filtered_distribution():
     out = RowSampler(seeds[:5], 1.0, -1, 1.0)(None, scores[:5])
     assert torch.equal(out, RowSampler(seeds[:5], 1.0, -1, 1.0)(None, scores[:5]))
     assert ((out == 0).sum(-1) == 1).all() and torch.isinf(out).sum() == 5 * 3
+    # Each step uses the next draw; a sampler is made for max_steps steps.
+    sampler = RowSampler(seeds[:5], 1.0, -1, 1.0, max_steps=2)
+    steps = [sampler(None, scores[:5]).argmax(-1) for _ in range(2)]
+    cdf = probs.double().cumsum(-1)
+    for t in range(2):  # step t inverts the CDF at each row's t-th draw
+        expected = torch.searchsorted(cdf, sampler.uniforms[:, t].contiguous(), right=True)
+        assert steps[t].tolist() == expected.tolist()
+    with pytest.raises(RuntimeError, match="made for 2 steps"):
+        sampler(None, scores[:5])
 
 
 def test_a_failing_batch_fails_every_caller_in_it(engine, monkeypatch):

@@ -56,11 +56,27 @@ class RowSampler:
     top-p are applied here; ``generate``'s own processors (min-new-tokens) run before it.
     """
 
-    def __init__(self, seeds: list[int], temperature: float, top_k: int, top_p: float) -> None:
-        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    def __init__(
+        self, seeds: list[int], temperature: float, top_k: int, top_p: float, max_steps: int = 1
+    ) -> None:
+        # Every row's uniform draws for the whole generation, made up front: one generator call
+        # per row instead of one per row and step.
+        self.uniforms = torch.stack(
+            [
+                torch.rand(max_steps, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
+                for s in seeds
+            ]
+        )
+        self.step = 0
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.step >= self.uniforms.shape[1]:
+            raise RuntimeError(f"RowSampler was made for {self.uniforms.shape[1]} steps")
+        if self.uniforms.device != scores.device:  # once: the draws live where the logits do
+            self.uniforms = self.uniforms.to(scores.device)
+        draws = self.uniforms[:, self.step : self.step + 1]
+        self.step += 1
         logits = scores.float() / self.temperature
         if 0 < self.top_k < logits.shape[-1]:
             kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
@@ -71,13 +87,11 @@ class RowSampler:
             # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
             drop = (sorted_probs.cumsum(-1) - sorted_probs) >= self.top_p
             probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-        cdf = probs.cpu().double().cumsum(-1)
-        uniforms = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in self.generators])
+        # Invert each row's CDF at its draw (float64: exact enough for a 150k vocabulary).
+        cdf = probs.double().cumsum_(-1)
         # right=True: a draw of exactly 0 lands on the first token with positive probability.
-        picks = torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(-1), right=True)
-        picks = picks.clamp_(max=cdf.shape[-1] - 1)
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(-1, picks.to(scores.device), 0.0)
+        picks = torch.searchsorted(cdf, draws * cdf[:, -1:], right=True).clamp_(max=cdf.shape[-1] - 1)
+        return torch.full_like(scores, float("-inf")).scatter_(-1, picks, 0.0)
 
 
 def row_seeds(seed: int, prompts: int, n: int) -> list[int]:
@@ -247,7 +261,9 @@ class TransformersEngine(RolloutEngine):
         processors = (
             LogitsProcessorList()
             if greedy
-            else LogitsProcessorList([RowSampler(seeds, args.temperature, args.top_k, args.top_p)])
+            else LogitsProcessorList(
+                [RowSampler(seeds, args.temperature, args.top_k, args.top_p, args.max_tokens)]
+            )
         )
         config = GenerationConfig(
             do_sample=False,
