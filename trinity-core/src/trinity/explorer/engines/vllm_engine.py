@@ -405,4 +405,6 @@ def create_vllm_engines(config: InferenceModelConfig, default_args: SamplingArgs
                 default_args=default_args,
             )
         )
+        # ModelWrapper.seed_calls mixes the engine's seed into per-task request seeds.
+        engines[-1].seed = config.seed
     return engines
