@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,3 +36,32 @@ def math_job() -> Callable[..., Path]:
         return root
 
     return make
+
+
+#: Test plugins (``--plugin-dir``): the ``weights_probe`` eval workflow.
+PLUGINS = Path(__file__).parent / "plugins"
+
+
+@pytest.fixture(scope="session")
+def trinity_run(job_env) -> Callable[..., subprocess.CompletedProcess]:
+    """``trinity_run(config, *args)`` runs ``trinity run --config config *args`` in a subprocess
+    (``job_env``), asserts it succeeded and returns the finished process."""
+
+    def run(config: Path, *args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "trinity.cli", "run", "--config", str(config), *args]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=job_env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def probe_score() -> Callable[[Path], float]:
+    """What the ``weights_probe`` eval workflow reports for the weights saved at a path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("weights_probe", PLUGINS / "weights_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.score

@@ -10,8 +10,6 @@ evaluated.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PLUGINS = Path(__file__).parent / "plugins"
+PLUGINS = Path(__file__).parent / "plugins"  # the weights_probe eval workflow
 
 CONFIG = """
 project: e2e
@@ -72,23 +70,10 @@ monitor: {{monitor_type: tensorboard}}
 """
 
 
-def _run(root: Path, mode: str, env: dict[str, str], latest: bool = False) -> subprocess.CompletedProcess:
+def _config(root: Path, mode: str, latest: bool = False) -> Path:
     config = root / f"{mode}_{int(latest)}.yaml"
     config.write_text(textwrap.dedent(CONFIG.format(root=root, mode=mode, latest=str(latest).lower())))
-    cmd = [sys.executable, "-m", "trinity.cli", "run", "--config", str(config), "--plugin-dir", str(PLUGINS)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def _probe(model_path: Path) -> float:
-    """What the ``weights_probe`` eval workflow reports for these weights."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("weights_probe", PLUGINS / "weights_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.score(model_path)
+    return config
 
 
 def _bench_scalars(job_dir: Path) -> dict[str, float]:
@@ -100,17 +85,17 @@ def _bench_scalars(job_dir: Path) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, math_job, job_env) -> Path:
+def trained(tmp_path_factory, math_job, trinity_run) -> Path:
     root = math_job(tmp_path_factory.mktemp("bench"), train=16, test=2)
-    _run(root, "both", job_env)
+    trinity_run(_config(root, "both"), "--plugin-dir", str(PLUGINS))
     job_dir = root / "ckpt" / "e2e" / "bench"
     assert (job_dir / "global_step_1").is_dir() and (job_dir / "global_step_2").is_dir()
     return root
 
 
-def test_bench_evaluates_every_checkpoint(trained, job_env):
+def test_bench_evaluates_every_checkpoint(trained, trinity_run, probe_score):
     job_dir = trained / "ckpt" / "e2e" / "bench"
-    proc = _run(trained, "bench", job_env)
+    proc = trinity_run(_config(trained, "bench"), "--plugin-dir", str(PLUGINS))
     assert "(mode bench)" in proc.stdout
     bench = _bench_scalars(job_dir)
     for step in (1, 2):
@@ -120,13 +105,13 @@ def test_bench_evaluates_every_checkpoint(trained, job_env):
         assert bench[f"{prefix}/arith_test/num_experiences"] == 2.0  # both test tasks, once each
         # Step N's metrics were computed with checkpoint N loaded, as version N.
         assert bench[f"{prefix}/probe/probe_version"] == float(step)
-        expected = _probe(job_dir / f"global_step_{step}")
+        expected = probe_score(job_dir / f"global_step_{step}")
         assert bench[f"{prefix}/probe/probe_logprob"] == pytest.approx(expected, rel=1e-5, abs=1e-4)
     assert not any(tag.startswith("bench/step_0/") or tag.startswith("bench/step_3/") for tag in bench)
-    assert abs(_probe(job_dir / "global_step_1") - _probe(job_dir / "global_step_2")) > 1e-3
+    assert abs(probe_score(job_dir / "global_step_1") - probe_score(job_dir / "global_step_2")) > 1e-3
 
 
-def test_bench_on_latest_checkpoint_only(trained, job_env, tmp_path):
+def test_bench_on_latest_checkpoint_only(trained, trinity_run, tmp_path):
     # A copy of the trained job: the bench run above already logged both steps in the original.
     import shutil
 
@@ -134,7 +119,7 @@ def test_bench_on_latest_checkpoint_only(trained, job_env, tmp_path):
     shutil.copytree(trained, root, ignore=shutil.ignore_patterns("*.yaml"))
     job_dir = root / "ckpt" / "e2e" / "bench"
     shutil.rmtree(job_dir / "monitor", ignore_errors=True)
-    _run(root, "bench", job_env, latest=True)
+    trinity_run(_config(root, "bench", latest=True), "--plugin-dir", str(PLUGINS))
     bench = _bench_scalars(job_dir)
     assert {tag.split("/")[1] for tag in bench} == {"step_2"}, sorted(bench)
     assert bench["bench/step_2/eval/probe/probe_version"] == 2.0

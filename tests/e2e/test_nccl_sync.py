@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sqlite3
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -21,17 +20,7 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PLUGINS = Path(__file__).parent / "plugins"
-
-
-def _probe(model_path: Path) -> float:
-    """What the ``weights_probe`` eval workflow (tests/e2e/plugins) reports for these weights."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("weights_probe", PLUGINS / "weights_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.score(model_path)
+PLUGINS = Path(__file__).parent / "plugins"  # the weights_probe eval workflow
 
 
 CONFIG = """
@@ -81,27 +70,10 @@ monitor: {{monitor_type: tensorboard}}
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory, math_job, job_env) -> tuple[Path, subprocess.CompletedProcess]:
+def job(tmp_path_factory, math_job, trinity_run) -> tuple[Path, subprocess.CompletedProcess]:
     root = math_job(tmp_path_factory.mktemp("nccl"), train=32, test=2)
     (root / "job.yaml").write_text(textwrap.dedent(CONFIG.format(root=root)))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trinity.cli",
-            "run",
-            "--config",
-            str(root / "job.yaml"),
-            "--plugin-dir",
-            str(PLUGINS),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=job_env,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return root, proc
+    return root, trinity_run(root / "job.yaml", "--plugin-dir", str(PLUGINS))
 
 
 def test_the_backend_is_chosen_and_logged_once(job):
@@ -147,7 +119,7 @@ def test_explorer_versions_advance_and_match_the_trainers_checkpoints(job):
             torch.testing.assert_close(exp.logprobs, expected[exp.prompt_length - 1 :], rtol=1e-4, atol=1e-4)
 
 
-def test_after_the_final_sync_the_explorer_holds_the_final_checkpoint(job):
+def test_after_the_final_sync_the_explorer_holds_the_final_checkpoint(job, probe_score):
     from trinity.monitor.tensorboard import read_scalars
 
     root, _ = job
@@ -158,9 +130,9 @@ def test_after_the_final_sync_the_explorer_holds_the_final_checkpoint(job):
     probes = dict(scalars["eval/probe/probe_logprob"])
     # The eval after step 2 ran on version 1; the final eval, after the final sync, on version 3.
     assert versions == {2: 1.0, 3: 3.0}
-    expected = {step: _probe(job_dir / f"global_step_{v}") for step, v in ((2, 1), (3, 3))}
+    expected = {step: probe_score(job_dir / f"global_step_{v}") for step, v in ((2, 1), (3, 3))}
     for step in (2, 3):
         assert probes[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-4), (step, probes, expected)
     # The probe tells the versions apart: training moved the weights.
-    assert abs(_probe(job_dir / "global_step_3") - _probe(job_dir / "global_step_2")) > 1e-3
-    assert abs(expected[3] - _probe(root / "model")) > 1e-3
+    assert abs(probe_score(job_dir / "global_step_3") - probe_score(job_dir / "global_step_2")) > 1e-3
+    assert abs(expected[3] - probe_score(root / "model")) > 1e-3

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -62,17 +60,10 @@ monitor: {{monitor_type: tensorboard, enable_ray_timeline: true}}
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory, math_job, job_env) -> Path:
+def job(tmp_path_factory, math_job, trinity_run) -> Path:
     root = math_job(tmp_path_factory.mktemp("job"), train=64, test=8)
     (root / "job.yaml").write_text(textwrap.dedent(CONFIG.format(root=root)))
-    proc = subprocess.run(
-        [sys.executable, "-m", "trinity.cli", "run", "--config", str(root / "job.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=job_env,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = trinity_run(root / "job.yaml")
     assert "step 4/4" in proc.stdout + proc.stderr  # the console progress line
     return root
 
