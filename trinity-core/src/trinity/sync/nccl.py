@@ -366,7 +366,7 @@ class WeightSyncGroup:
             # NCCL connects lazily and gloo only checked the store: one all-reduce proves that all
             # ranks are in the same group (and makes NCCL build its communicator now).
             hello = torch.ones(1, dtype=torch.int64, device=self.device)
-            self._allreduce(hello)
+            self._allreduce(hello, "the joining all-reduce")
         except NCCLUnavailableError:
             raise
         except Exception as exc:
@@ -403,12 +403,12 @@ class WeightSyncGroup:
         options.rootTensor = 0
         self._wait(self.pg.broadcast([tensor], options), f"broadcast of {what}")
 
-    def _allreduce(self, tensor: torch.Tensor) -> None:
+    def _allreduce(self, tensor: torch.Tensor, what: str) -> None:
         import torch.distributed as dist
 
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.SUM
-        self.pg.allreduce([tensor], options).wait()
+        self._wait(self.pg.allreduce([tensor], options), what)
 
     def _wait(self, work: Any, what: str) -> None:
         try:
@@ -441,13 +441,7 @@ class WeightSyncGroup:
         elif problem:
             code = _REFUSED
         status[self.rank] = code
-        try:
-            self._allreduce(status)
-        except Exception as exc:
-            raise WeightSyncError(
-                f"weight sync ({self.backend}, rank {self.rank}): handshake failed or timed out "
-                f"(synchronizer.sync_timeout = {self.timeout_s:g} s): {_short(exc)}"
-            ) from exc
+        self._allreduce(status, "the handshake")
         codes = {r: int(c) for r, c in enumerate(status.tolist()) if c}
         if not codes:
             return
