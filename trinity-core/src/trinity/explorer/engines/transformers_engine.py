@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,7 +107,10 @@ class _Call:
     args: SamplingArgs
     result: list[list[Any]] | None = None
     error: BaseException | None = None
-    done: bool = field(default=False)
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.error is not None
 
 
 class TransformersEngine(RolloutEngine):
@@ -216,11 +219,11 @@ class TransformersEngine(RolloutEngine):
             groups = self._generate([p for call in batch for p in call.prompts], shape, seeds)
         except BaseException as exc:  # every caller of the batch sees the failure
             for call in batch:
-                call.error, call.done = exc, True
+                call.error = exc
             return
         start = 0
         for call in batch:
-            call.result, call.done = groups[start : start + len(call.prompts)], True
+            call.result = groups[start : start + len(call.prompts)]
             start += len(call.prompts)
         self.batches_run += 1
         self.calls_batched += len(batch)
