@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,26 @@ def _setup_actor(config: Config, actor_name: str) -> logging.Logger:
     return logging.getLogger(f"trinity.{actor_name}")
 
 
+def use_cpu_share(share: float | None, logger: logging.Logger | None = None) -> int | None:
+    """Let torch use ``share`` of this process's CPU cores (see :func:`trinity.placement.cpu_shares`).
+
+    ``None`` keeps the thread count Ray started the actor with. Returns the thread count set.
+    """
+    if share is None:
+        return None
+    import torch
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    threads = max(1, int(cores * share))
+    torch.set_num_threads(threads)
+    if logger is not None:
+        logger.info("torch uses %d of %d CPU cores", threads, cores)
+    return threads
+
+
 @ray.remote
 class ExplorerActor:
     """The explorer in its own process.
@@ -45,10 +66,11 @@ class ExplorerActor:
     crash cannot duplicate data.
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, cpu_share: float | None = None) -> None:
         from trinity.explorer.explorer import Explorer
 
         self.logger = _setup_actor(config, config.explorer.name)
+        use_cpu_share(cpu_share, self.logger)
         self.config = config
         self.explorer = Explorer(config)
         self.state_file = Path(config.checkpoint_job_dir) / "explorer_state.json"
@@ -128,10 +150,11 @@ class ExplorerActor:
 class TrainerActor:
     """The trainer in its own process."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, cpu_share: float | None = None) -> None:
         from trinity.trainer.trainer import Trainer
 
         self.logger = _setup_actor(config, config.trainer.name)
+        use_cpu_share(cpu_share, self.logger)
         self.trainer = Trainer(config)
 
     def ready(self) -> bool:

@@ -103,7 +103,7 @@ def _init_ray(config: Config) -> Any:
         key: value
         for key, value in os.environ.items()
         if key.startswith("TRINITY_")
-        or key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM")
+        or key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS")
     }
     env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
     runtime_env = {"env_vars": env_vars}
@@ -129,7 +129,7 @@ def run_stage(config: Config) -> StageResult:
     """Run one stage (one resolved config) to completion."""
     from trinity.actors import ExplorerActor, TrainerActor
     from trinity.monitor import get_monitor, get_monitors
-    from trinity.placement import actor_resources
+    from trinity.placement import actor_resources, cpu_shares
     from trinity.sync import Synchronizer
     from trinity.trainer.checkpoint import apply_continue_rule
 
@@ -161,14 +161,19 @@ def run_stage(config: Config) -> StageResult:
     previous_handler = signal.signal(signal.SIGTERM, _stop)
     try:
         explorer = trainer = None
-        resources = actor_resources(config, ray.cluster_resources().get("GPU", 0))
+        gpus = ray.cluster_resources().get("GPU", 0)
+        resources = actor_resources(config, gpus)
+        # A user's OMP_NUM_THREADS travels to the actors (above) and wins over our share.
+        shares = {} if "OMP_NUM_THREADS" in os.environ else cpu_shares(config, gpus)
         if config.mode in ("both", "explore", "bench"):
             explorer = ExplorerActor.options(name=config.explorer.name, **resources["explorer"]).remote(
-                config
+                config, shares.get("explorer")
             )
             actors.append(explorer)
         if config.mode in ("both", "train"):
-            trainer = TrainerActor.options(name=config.trainer.name, **resources["trainer"]).remote(config)
+            trainer = TrainerActor.options(name=config.trainer.name, **resources["trainer"]).remote(
+                config, shares.get("trainer")
+            )
             actors.append(trainer)
         # Construction errors surface here, with the actor named.
         _get(ray, [a.ready.remote() for a in actors], "starting actors")

@@ -1,19 +1,23 @@
-"""Actor resource requests per role (the GPU split), as pure logic."""
+"""Actor resource requests per role (the GPU split) and CPU thread shares, as pure logic."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from trinity.actors import use_cpu_share
 from trinity.config import Config
-from trinity.placement import actor_resources
+from trinity.placement import actor_resources, cpu_shares
 
 
-def _config(mode="both", engine="transformers", engine_num=1, trainer="native") -> Config:
+def _config(mode="both", engine="transformers", engine_num=1, trainer="native", **sync) -> Config:
     return Config.model_validate(
         {
             "mode": mode,
             "explorer": {"rollout_model": {"engine_type": engine, "engine_num": engine_num}},
             "trainer": {"trainer_type": trainer},
+            "synchronizer": sync,
         }
     )
 
@@ -47,3 +51,37 @@ def test_single_role_modes():
     assert "num_gpus" not in actor_resources(_config(mode="train"), 1)["explorer"]
     assert actor_resources(_config(mode="train"), 1)["trainer"]["num_gpus"] == 1
     assert actor_resources(_config(mode="explore"), 1)["explorer"]["num_gpus"] == 1
+
+
+@pytest.mark.parametrize("sync", [{}, {"sync_offset": 1}, {"sync_interval": 2}, {"sync_style": "dynamic"}])
+def test_cpu_roles_of_one_stage_split_the_cores(sync):
+    # Even strictly on-policy (the default sync), an eval overlaps the trainer's step.
+    assert cpu_shares(_config(**sync), 0) == {"explorer": 0.5, "trainer": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("mode", "role"), [("train", "trainer"), ("explore", "explorer"), ("bench", "explorer")]
+)
+def test_a_role_alone_gets_every_core(mode, role):
+    assert cpu_shares(_config(mode=mode, sync_offset=1), 0) == {role: 1.0}
+
+
+def test_roles_on_gpus_or_external_backends_keep_rays_thread_count():
+    assert cpu_shares(_config(), 2) == {}
+    # vLLM computes in its own GPU workers even when the explorer actor asks for no GPU.
+    assert cpu_shares(_config(engine="vllm", trainer="verl"), 8) == {}
+    assert cpu_shares(_config(engine="vllm"), 0) == {"trainer": 1.0}
+
+
+def test_use_cpu_share_sets_torch_threads_from_the_cores_it_may_use():
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    try:
+        assert use_cpu_share(None) is None
+        assert torch.get_num_threads() == before
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        assert use_cpu_share(1.0) == cores == torch.get_num_threads()
+        # A share never rounds down to zero threads.
+        assert use_cpu_share(1 / (cores + 1)) == 1 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
