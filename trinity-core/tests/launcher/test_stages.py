@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+
+import pytest
+
 from trinity.config import load_config
 from trinity.launcher import start_from
 
@@ -50,3 +55,17 @@ def test_paths_the_user_set_elsewhere_are_kept(tmp_path):
     start_from(rl, "/ckpt/new")
     assert rl.model.critic_model_path == "/critic"
     assert rl.explorer.rollout_model.model_path == "/ckpt/new"
+
+
+def test_an_interrupt_whose_raise_was_swallowed_still_stops_the_step_loop():
+    # Ray can run the signal handler inside a callback that drops the KeyboardInterrupt; the
+    # flag it sets is what the step loop checks.
+    from trinity import launcher
+
+    launcher._INTERRUPTED.clear()
+    launcher._check_interrupted()  # no interrupt: nothing happens
+    with contextlib.suppress(KeyboardInterrupt):  # swallowed, as a callback in Ray's core would
+        launcher._interrupt(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt):
+        launcher._check_interrupted()
+    launcher._INTERRUPTED.clear()
