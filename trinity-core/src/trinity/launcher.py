@@ -130,7 +130,7 @@ def run_stage(config: Config) -> StageResult:
     """Run one stage (one resolved config) to completion."""
     from trinity.actors import ExplorerActor, TrainerActor
     from trinity.monitor import get_monitor, get_monitors
-    from trinity.placement import actor_resources, cpu_shares
+    from trinity.placement import actor_resources, cpu_shares, runs
     from trinity.sync import Synchronizer
     from trinity.trainer.checkpoint import apply_continue_rule
 
@@ -152,7 +152,7 @@ def run_stage(config: Config) -> StageResult:
     monitors = {role: get_monitors(config, role, total) for role in ("explorer", "trainer")}
     if "console" not in config.monitor.monitor_types():
         # The console progress bar is always on, following the role that paces the job.
-        role = "trainer" if config.mode in ("both", "train") else "explorer"
+        role = "trainer" if runs(config, "trainer") else "explorer"
         monitors[role].monitors.append(get_monitor("console", config, role, total))
     actors: list[Any] = []
     _INTERRUPTED.clear()
@@ -163,12 +163,12 @@ def run_stage(config: Config) -> StageResult:
         resources = actor_resources(config, gpus)
         # A user's OMP_NUM_THREADS travels to the actors (above) and wins over our share.
         shares = {} if "OMP_NUM_THREADS" in os.environ else cpu_shares(config, gpus)
-        if config.mode in ("both", "explore", "bench"):
+        if runs(config, "explorer"):
             explorer = ExplorerActor.options(name=config.explorer.name, **resources["explorer"]).remote(
                 config, shares.get("explorer")
             )
             actors.append(explorer)
-        if config.mode in ("both", "train"):
+        if runs(config, "trainer"):
             trainer = TrainerActor.options(name=config.trainer.name, **resources["trainer"]).remote(
                 config, shares.get("trainer")
             )

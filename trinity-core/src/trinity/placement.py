@@ -20,19 +20,32 @@ if TYPE_CHECKING:
     from trinity.config import Config
 
 
+_ROLE_MODES = {"explorer": ("both", "explore", "bench"), "trainer": ("both", "train")}
+
+
+def runs(config: Config, role: str) -> bool:
+    """Whether a stage in ``config.mode`` starts the ``role`` (``explorer``/``trainer``) actor."""
+    return config.mode in _ROLE_MODES[role]
+
+
+def _model_in_actor(config: Config, role: str) -> bool:
+    """Whether the role's model runs inside its actor's process (transformers engine, native
+    trainer) rather than in workers of its own (vLLM, veRL)."""
+    if role == "explorer":
+        return config.explorer.rollout_model.engine_type == "transformers"
+    return config.trainer.trainer_type == "native"
+
+
 def actor_resources(config: Config, cluster_gpus: float) -> dict[str, dict[str, Any]]:
     """Ray ``.options()`` for the ``explorer`` and ``trainer`` actors of ``config``."""
     explorer: dict[str, Any] = {"num_cpus": 1}
     trainer: dict[str, Any] = {"num_cpus": 1}
     if cluster_gpus <= 0:
         return {"explorer": explorer, "trainer": trainer}
-    runs_explorer = config.mode in ("both", "explore", "bench")
-    runs_trainer = config.mode in ("both", "train")
-    rollout = config.explorer.rollout_model
     explorer_gpus = 0.0
-    if runs_explorer and rollout.engine_type == "transformers":
-        explorer_gpus = float(rollout.engine_num)
-    trainer_gpus = 1.0 if runs_trainer and config.trainer.trainer_type == "native" else 0.0
+    if runs(config, "explorer") and _model_in_actor(config, "explorer"):
+        explorer_gpus = float(config.explorer.rollout_model.engine_num)
+    trainer_gpus = 1.0 if runs(config, "trainer") and _model_in_actor(config, "trainer") else 0.0
     if explorer_gpus + trainer_gpus > cluster_gpus:
         if explorer_gpus and trainer_gpus and cluster_gpus >= 1:
             explorer_gpus = trainer_gpus = cluster_gpus / 2
@@ -46,16 +59,6 @@ def actor_resources(config: Config, cluster_gpus: float) -> dict[str, dict[str, 
     return {"explorer": explorer, "trainer": trainer}
 
 
-def _computes_on_cpu(config: Config, role: str, resources: dict[str, Any]) -> bool:
-    """Whether ``role`` runs its model on the CPU of its own process."""
-    if "num_gpus" in resources:
-        return False
-    if role == "explorer":
-        # vLLM engines compute in their own GPU workers, whatever the actor asks for.
-        return config.explorer.rollout_model.engine_type == "transformers"
-    return config.trainer.trainer_type == "native"
-
-
 def cpu_shares(config: Config, cluster_gpus: float) -> dict[str, float]:
     """Share of its node's CPU cores the torch threads of each CPU-computing role may use.
 
@@ -67,11 +70,9 @@ def cpu_shares(config: Config, cluster_gpus: float) -> dict[str, float]:
     (vLLM, veRL), are left out: Ray's one thread is enough to drive them.
     """
     resources = actor_resources(config, cluster_gpus)
-    running = {
-        "explorer": config.mode in ("both", "explore", "bench"),
-        "trainer": config.mode in ("both", "train"),
-    }
     on_cpu = [
-        role for role, runs in running.items() if runs and _computes_on_cpu(config, role, resources[role])
+        role
+        for role in ("explorer", "trainer")
+        if runs(config, role) and _model_in_actor(config, role) and "num_gpus" not in resources[role]
     ]
     return {role: 1.0 / len(on_cpu) for role in on_cpu}
