@@ -225,19 +225,19 @@ BAD_ROWS = {
 
 
 def test_each_kind_of_bad_row_is_skipped_counted_and_logged(tmp_path, caplog):
-    rows = [*qa(2)]
-    for bad in BAD_ROWS.values():
-        rows.append(bad)
+    # More good rows than bad: a taskset that is mostly bad rows stops at construction instead.
+    good = qa(len(BAD_ROWS) + 1)
+    rows = [*good, *BAD_ROWS.values()]
     path = write_jsonl(tmp_path / "t.jsonl", rows)
     cfg = make_config(path, format={"workflow_key": "wf", "system_prompt_key": "sys"})
     with caplog.at_level(logging.WARNING, logger="trinity.buffer.taskset"):
         reader = TasksetReader(cfg)
-    assert len(reader) == 2
+    assert len(reader) == len(good)
     metrics = reader.metrics()
     assert metrics["buffer/math/skipped_rows"] == len(BAD_ROWS)
-    assert metrics["buffer/math/rows"] == 2
+    assert metrics["buffer/math/rows"] == len(good)
     log = caplog.text
-    for lineno, expected in enumerate(BAD_ROWS, start=3):
+    for lineno, expected in enumerate(BAD_ROWS, start=len(good) + 1):
         assert f"{path}:{lineno}: " in log, f"row {lineno} not logged"
         line = next(entry for entry in log.splitlines() if f"{path}:{lineno}: " in entry)
         assert expected in line, (expected, line)
@@ -268,3 +268,149 @@ def test_unusable_tasksets_fail_at_construction_naming_the_taskset(tmp_path, set
     (tmp_path / "obj.json").write_text(json.dumps({"a": [], "b": []}))
     with pytest.raises(TasksetError, match=message):
         TasksetReader(setup(tmp_path))
+
+
+# -- hostile rows: one row must never stop the job ----------------------------------------------
+
+DEEP_LIST = "[" * 200_000 + "]" * 200_000
+DEEP_OBJECT = '{"a":' * 200_000 + "1" + "}" * 200_000
+HUGE_INT = "1234567890" * 500  # 5000 digits: over Python's int <-> str limit (4300)
+
+
+def write_lines(path: Path, lines: list) -> Path:
+    """Write raw jsonl lines: ``bytes`` as they are, ``str`` as UTF-8, anything else as JSON."""
+    out = b""
+    for line in lines:
+        if isinstance(line, dict):
+            line = json.dumps(line, ensure_ascii=False)
+        out += (line if isinstance(line, bytes) else line.encode()) + b"\n"
+    path.write_bytes(out)
+    return path
+
+
+def load_logged(cfg: TasksetConfig, caplog) -> TasksetReader:
+    with caplog.at_level(logging.WARNING, logger="trinity.buffer.taskset"):
+        return TasksetReader(cfg)
+
+
+def skip_line(caplog, where: str) -> str:
+    """The log line that skips the row at ``where`` (``file:line``)."""
+    return next(line for line in caplog.text.splitlines() if f"{where}: " in line)
+
+
+def test_deeply_nested_rows_are_skipped_and_counted(tmp_path, caplog):
+    deep_prompt = '{"question": ' + DEEP_LIST + ', "answer": "1"}'
+    # Deep enough for some later repr()/deepcopy() to hit the recursion limit, too shallow for json.
+    nested_meta = '{"question": "q", "meta": ' + "[" * 300 + "]" * 300 + "}"
+    path = write_lines(
+        tmp_path / "t.jsonl", [*qa(4), DEEP_LIST, DEEP_OBJECT, deep_prompt, nested_meta, *qa(1, 4)]
+    )
+    reader = load_logged(make_config(path), caplog)
+    assert prompts(reader.read_batch(10)) == ["q0", "q1", "q2", "q3", "q4"]
+    metrics = reader.metrics()
+    assert metrics["buffer/math/skipped_rows"] == 4
+    assert metrics["buffer/math/skipped/nested too deeply"] == 4
+    for lineno in (5, 6, 7, 8):
+        assert "nested too deeply" in skip_line(caplog, f"{path}:{lineno}")
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        '{"question": "x", "answer": ' + HUGE_INT + "}",
+        '{"question": ' + HUGE_INT + ', "answer": "1"}',
+        '{"message": [{"role": "user", "content": ' + HUGE_INT + "}]}",
+    ],
+    ids=["answer", "prompt", "message-content"],
+)
+def test_huge_integer_row_is_skipped_and_counted(tmp_path, caplog, row):
+    path = write_lines(tmp_path / "t.jsonl", [*qa(2), row, *qa(1, 2)])
+    reader = load_logged(make_config(path), caplog)
+    assert prompts(reader.read_batch(10)) == ["q0", "q1", "q2"]
+    assert reader.metrics()["buffer/math/skipped/integer too long"] == 1
+    assert "integer too long (more than 4300 digits" in skip_line(caplog, f"{path}:3")
+
+
+def test_invalid_utf8_line_is_skipped_and_neighbours_are_read(tmp_path, caplog):
+    bad = b'{"question": "caf\xe9", "answer": "1"}'  # Latin-1 bytes in a UTF-8 file
+    path = write_lines(
+        tmp_path / "t.jsonl", [qa(1)[0], bad, {"question": "café ☕", "answer": "2"}, *qa(1, 5)]
+    )
+    reader = load_logged(make_config(path), caplog)
+    assert prompts(reader.read_batch(10)) == ["q0", "café ☕", "q5"]
+    metrics = reader.metrics()
+    assert metrics["buffer/math/skipped_rows"] == 1
+    assert metrics["buffer/math/skipped/invalid UTF-8"] == 1
+    assert "invalid UTF-8 (byte 0xe9 at column 18)" in skip_line(caplog, f"{path}:2")
+
+
+def _json_list(elements: list) -> bytes:
+    """A pretty-printed JSON list, one element per line; ``bytes``/``str`` elements go in raw."""
+    parts = [
+        e if isinstance(e, bytes) else (e if isinstance(e, str) else json.dumps(e)).encode() for e in elements
+    ]
+    return b"[\n  " + b",\n  ".join(parts) + b"\n]\n"
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["list", "object-with-list"])
+def test_json_list_file_skips_its_bad_elements(tmp_path, caplog, wrapped):
+    elements = [
+        *qa(3),
+        '{"question": "x", "answer": ' + HUGE_INT + "}",
+        DEEP_LIST,
+        b'{"question": "caf\xe9"}',
+        '{"question": broken}',
+        *qa(2, 3),
+        {"question": 'a, [b] {c} "d" \\', "answer": "]"},  # brackets, commas, quotes in strings
+    ]
+    data = _json_list(elements)
+    if wrapped:
+        data = b'{"meta": "v1", "data": ' + data + b"}"
+    path = tmp_path / "t.json"
+    path.write_bytes(data)
+    reader = load_logged(make_config(path), caplog)
+    tasks = reader.read_batch(10)
+    assert prompts(tasks) == ["q0", "q1", "q2", "q3", "q4", 'a, [b] {c} "d" \\']
+    assert [t.index for t in tasks] == [0, 1, 2, 7, 8, 9]
+    metrics = reader.metrics()
+    assert metrics["buffer/math/skipped_rows"] == 4
+    for reason in ("integer too long", "nested too deeply", "invalid UTF-8", "invalid JSON"):
+        assert metrics[f"buffer/math/skipped/{reason}"] == 1, reason
+    # Rows of a JSON list are numbered by element; the detail names the line in the file.
+    assert "invalid UTF-8 (byte 0xe9 at line 7 column 20)" in skip_line(caplog, f"{path}:6")
+    assert "invalid JSON (Expecting value at line 8 column 16)" in skip_line(caplog, f"{path}:7")
+
+
+def test_valid_utf8_json_list_with_one_huge_integer_keeps_the_rest(tmp_path, caplog):
+    path = tmp_path / "t.json"
+    path.write_bytes(_json_list([*qa(2), '{"question": "x", "answer": ' + HUGE_INT + "}", *qa(1, 2)]))
+    reader = load_logged(make_config(path), caplog)
+    assert prompts(reader.read_batch(10)) == ["q0", "q1", "q2"]
+    assert reader.metrics()["buffer/math/skipped/integer too long"] == 1
+    assert "integer too long" in skip_line(caplog, f"{path}:3")
+
+
+def test_majority_of_bad_rows_stops_the_taskset_with_one_line(tmp_path):
+    rows = [*qa(2), {"prompt": "a"}, {"prompt": "b"}, "nonsense{", {"question": " "}]
+    path = write_lines(tmp_path / "t.jsonl", rows)
+    with pytest.raises(TasksetError) as info:
+        TasksetReader(make_config(path))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("taskset 'math': ")
+    assert "4 of 6 rows are unusable" in message and str(path) in message
+    assert "2x missing prompt key 'question'" in message
+    assert "1x invalid JSON" in message and "1x prompt 'question' is empty" in message
+    assert f"first bad row {path}:3" in message
+    assert "format.prompt_key" in message and "response_key" in message
+
+
+def test_minority_of_bad_rows_loads_and_counts_them(tmp_path, caplog):
+    # Exactly half unusable still loads: the taskset stops only when *more* than half are bad.
+    rows = [*qa(3), DEEP_LIST, b"\xff\xfe", '{"question": ' + HUGE_INT + "}"]
+    reader = load_logged(make_config(write_lines(tmp_path / "t.jsonl", rows)), caplog)
+    assert len(reader) == 3
+    metrics = reader.metrics()
+    assert metrics["buffer/math/rows"] == 3
+    assert metrics["buffer/math/skipped_rows"] == 3
+    assert "skipped 3 of 6 rows" in caplog.text

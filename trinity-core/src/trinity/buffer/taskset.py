@@ -1,10 +1,12 @@
 """Taskset readers: turn a ``TasksetConfig`` into :class:`~trinity.workflow.Task` batches.
 
 Construction checks everything that would make the run pointless (missing file or folder, an
-unknown workflow or reward function, no usable row) and raises :class:`TasksetError` naming the
-taskset, before any model is loaded. Rows that are individually broken (invalid JSON, missing
-prompt, wrong type, unknown per-row workflow, ...) are skipped, logged with file and row number,
-and counted in :meth:`TasksetReader.metrics` as ``buffer/<taskset>/skipped_rows``.
+unknown workflow or reward function, more than half of the rows unusable) and raises
+:class:`TasksetError` naming the taskset, before any model is loaded. Rows that are individually
+broken (invalid JSON or UTF-8, nested too deeply, huge integers, missing prompt, wrong type,
+unknown per-row workflow, any exception while checking them) are skipped, logged with file and
+row number, and counted in :meth:`TasksetReader.metrics` as ``buffer/<taskset>/skipped_rows``:
+one hostile row never stops a job.
 
 Several training tasksets are interleaved by :class:`TasksetScheduler`, task by task.
 """
@@ -12,6 +14,7 @@ Several training tasksets are interleaved by :class:`TasksetScheduler`, task by 
 from __future__ import annotations
 
 import logging
+import reprlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,6 +30,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _MAX_LOGGED_SKIPS = 20
+_MAX_REASON_CHARS = 300
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 40
 _ROLES = ("system", "user", "assistant", "tool", "function", "developer")
 
 
@@ -36,6 +42,20 @@ class TasksetError(ValueError):
 
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
+
+
+def _short_repr(value: Any) -> str:
+    """A bounded repr of a row value for messages; never raises (huge ints, odd objects)."""
+    try:
+        return _SHORT_REPR.repr(value)
+    except Exception:  # e.g. int -> str over sys.get_int_max_str_digits()
+        return f"<{_type_name(value)}>"
+
+
+def _one_line(text: str, limit: int = _MAX_REASON_CHARS) -> str:
+    """``text`` on one line, cut to ``limit`` characters: reasons come from row data."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_messages(value: Any, key: str) -> str | None:
@@ -48,7 +68,7 @@ def check_messages(value: Any, key: str) -> str | None:
         if not isinstance(msg, dict):
             return f"{key}[{i}] must be an object with role and content, got {_type_name(msg)}"
         if msg.get("role") not in _ROLES:
-            return f"{key}[{i}].role must be one of {', '.join(_ROLES)}, got {msg.get('role')!r}"
+            return f"{key}[{i}].role must be one of {', '.join(_ROLES)} (got {_short_repr(msg.get('role'))})"
         content = msg.get("content")
         if content is not None and not isinstance(content, (str, list)):
             return f"{key}[{i}].content must be a string, got {_type_name(content)}"
@@ -118,6 +138,7 @@ class TasksetReader:
         if self.is_eval:
             self.total_steps = None
         self.skipped: Counter[str] = Counter()
+        self._first_skip: str | None = None  # file:line of the first unusable row
         self._components: dict[tuple[str, str], type | None] = {}
         self._check_components()
         self.rows = self._load()
@@ -169,17 +190,13 @@ class TasksetReader:
             raise self._error(f"{cfg.path} holds no rows")
         rows = []
         for r in raw:
-            problem = r.error or _row_problem(r.value, cfg.format)
-            classes = None if problem else self._row_components(r.value)
-            if isinstance(classes, str):
-                problem, classes = classes, None
-            if problem:
-                self._skip(r, problem)
+            checked = self._check_row(r)
+            if isinstance(checked, str):
+                self._skip(r, checked)
                 continue
-            rows.append((r, *classes))
-        if not rows:
-            reasons = "; ".join(f"{n}x {why}" for why, n in self.skipped.most_common(3))
-            raise self._error(f"none of the {len(raw)} rows of {cfg.path} is usable ({reasons})")
+            rows.append((r, *checked))
+        if 2 * len(rows) < len(raw):
+            raise self._error(self._unusable_message(len(raw) - len(rows), len(raw)))
         if self.skipped:
             logger.warning(
                 "taskset %r: skipped %d of %d rows of %s (%s)",
@@ -190,6 +207,31 @@ class TasksetReader:
                 "; ".join(f"{n}x {why}" for why, n in self.skipped.most_common(5)),
             )
         return rows
+
+    def _check_row(self, r: RawRow) -> tuple[type, type | None] | str:
+        """The row's (workflow, reward_fn) classes, or why the row is unusable."""
+        if r.error:
+            return r.error
+        try:
+            problem = _row_problem(r.value, self.config.format)
+            return problem if problem else self._row_components(r.value)
+        except Exception as exc:  # hostile data must cost one row, never the job
+            return f"unreadable row ({type(exc).__name__})"
+
+    def _unusable_message(self, bad: int, total: int) -> str:
+        """One line for a taskset whose rows are mostly unusable: counts, top reasons, first row."""
+        path = self.config.path
+        fmt = self.config.format
+        if bad == total:
+            head = f"none of the {total} rows of {path} is usable"
+        else:
+            head = f"{bad} of {total} rows are unusable in {path}"
+        reasons = "; ".join(f"{n}x {why}" for why, n in self.skipped.most_common(3))
+        return (
+            f"{head} ({reasons}); first bad row {self._first_skip}. Probably the wrong file or "
+            f"wrong format keys: check format.prompt_key / response_key "
+            f"(now {fmt.prompt_key!r} / {fmt.response_key!r})"
+        )
 
     def _row_components(self, row: dict) -> tuple[type, type | None] | str:
         from trinity.plugins import UnknownComponentError
@@ -218,7 +260,10 @@ class TasksetReader:
 
     def _skip(self, row: RawRow, why: str) -> None:
         # Reasons are counted without their row-specific detail so metrics stay few.
+        why = _one_line(why)
         self.skipped[why.split(" (")[0]] += 1
+        if self._first_skip is None:
+            self._first_skip = row.where
         if sum(self.skipped.values()) <= _MAX_LOGGED_SKIPS:
             logger.warning("taskset %r: skipping %s: %s", self.name, row.where, why)
 
