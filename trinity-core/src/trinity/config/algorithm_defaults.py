@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
 from trinity.config.errors import ConfigError
-from trinity.config.sections.algorithm import COMPONENT_KEYS, AlgorithmConfig
+from trinity.config.sections.algorithm import COMPONENT_KEYS, AlgorithmConfig, LossAggMode
+from trinity.config.sections.base import invalid_choice
 from trinity.config.validation import closest, error_from_validation
 
 # Constructor arguments the runtime supplies itself; users cannot configure them.
@@ -88,6 +89,11 @@ def _resolve_component(algorithm: AlgorithmConfig, key: str, kind: str, algo_nam
                     + f" Valid arguments: {', '.join(valid) if valid else '(none)'}",
                     key=f"algorithm.{args_key}.{arg}",
                 )
+    mode = user_args.get("loss_agg_mode")
+    if mode is not None and mode not in get_args(LossAggMode):
+        raise ConfigError(
+            invalid_choice(mode, get_args(LossAggMode)), key=f"algorithm.{args_key}.loss_agg_mode"
+        )
     merged = {**defaults, **user_args}
     # The section-wide aggregation mode reaches every component that takes one, unless set per component.
     if "loss_agg_mode" in valid and "loss_agg_mode" not in user_args:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -50,18 +51,56 @@ def load_yaml_dict(file: str, overrides: Sequence[str] | Mapping[str, Any] | Non
         raise ConfigError("config file not found; check the path passed to --config", file=file)
     if os.path.isdir(file):
         raise ConfigError("is a directory; pass the path of a YAML file", file=file)
+    _check_text(file)
     try:
         raw = OmegaConf.load(file)
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_problem(exc), file=file) from None
     except OmegaConfBaseException as exc:
         raise ConfigError(f"cannot be read as a config: {_first_line(exc)}", file=file) from None
+    except UnicodeDecodeError as exc:  # _check_text saw the file; it changed since
+        raise ConfigError(_not_text(f"byte at offset {exc.start} is not UTF-8"), file=file) from None
     if overrides:
         raw = _apply_overrides(raw, overrides, file)
     try:
         return OmegaConf.to_container(raw, resolve=True)
     except OmegaConfBaseException as exc:
         raise _interpolation_error(exc, file) from None
+
+
+def _check_text(file: str) -> None:
+    """A file that is not UTF-8 text (an image, an archive, random bytes) is no YAML config.
+
+    Read in chunks, so a multi-gigabyte file passed by mistake fails at its first bad byte.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    try:
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 20):
+                problems = []  # (offset, what): the first one is reported
+                nul = chunk.find(b"\x00")
+                if nul >= 0:
+                    problems.append((offset + nul, "NUL byte"))
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as exc:
+                    # exc.object is the chunk behind the bytes of a character the last one cut.
+                    where = offset - (len(exc.object) - len(chunk)) + exc.start
+                    problems.append((where, f"byte 0x{exc.object[exc.start]:02x}, not UTF-8,"))
+                if problems:
+                    where, what = min(problems)
+                    raise ConfigError(_not_text(f"{what} at offset {where}"), file=file)
+                offset += len(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise ConfigError(_not_text("it ends inside a UTF-8 character"), file=file) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot be read: {exc.strerror or exc}", file=file) from None
+
+
+def _not_text(why: str) -> str:
+    return f"not a text YAML file ({why}); pass the path of a YAML config saved as UTF-8 text"
 
 
 def _apply_overrides(raw: Any, overrides: Sequence[str] | Mapping[str, Any], file: str) -> Any:

@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import math
 import os
 from typing import Any
 
-from trinity.config.algorithm_defaults import deep_merge, resolve_algorithm
+from trinity.config.algorithm_defaults import deep_merge, lookup_component, resolve_algorithm
 from trinity.config.errors import ConfigError
 from trinity.config.models import Config
+from trinity.config.sections.algorithm import LR_SCHEDULES
+from trinity.config.sections.base import invalid_choice
 from trinity.config.sections.buffer import ExperienceBufferConfig, ReplayBufferConfig, TasksetConfig
-from trinity.config.sections.explorer import InferenceModelConfig
+from trinity.config.sections.explorer import MAX_PORT, InferenceModelConfig
 
 CHECKPOINT_ROOT_ENV = "TRINITY_CHECKPOINT_ROOT_DIR"
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_config(config: Config) -> Config:
@@ -40,10 +45,12 @@ def _resolve(c: Config) -> None:
     _resolve_paths(c)
     _resolve_model(c)
     c.algorithm, algo_cls = resolve_algorithm(c.algorithm)
+    _check_optimizer(c)
     _resolve_buffer(c, algo_cls)
     _resolve_explorer(c)
     _resolve_trainer(c)
     _resolve_synchronizer(c)
+    _resolve_eval_interval(c)
     _check_mode(c)
     try:
         algo_cls.check_config(c)
@@ -81,6 +88,7 @@ def _resolve_model(c: Config) -> None:
                 key="model.max_model_len",
             )
         m.max_model_len = m.max_prompt_tokens + m.max_response_tokens
+    _check_model_len(m, "model")
     if m.max_response_tokens is not None and m.min_response_tokens >= m.max_response_tokens:
         raise ConfigError(
             f"{m.min_response_tokens} must be smaller than model.max_response_tokens ({m.max_response_tokens})",
@@ -88,8 +96,49 @@ def _resolve_model(c: Config) -> None:
         )
 
 
+def _check_optimizer(c: Config) -> None:
+    opt = c.algorithm.optimizer
+    for field in ("warmup_style", "lr_scheduler_type"):
+        value = getattr(opt, field)
+        if value is not None and value not in LR_SCHEDULES:
+            raise ConfigError(invalid_choice(value, LR_SCHEDULES), key=f"algorithm.optimizer.{field}")
+
+
+def _check_model_len(m: Any, key: str) -> None:
+    """``max_model_len`` must hold the longest prompt plus the longest response (when all are set)."""
+    if None in (m.max_model_len, m.max_prompt_tokens, m.max_response_tokens):
+        return
+    needed = m.max_prompt_tokens + m.max_response_tokens
+    if m.max_model_len < needed:
+        raise ConfigError(
+            f"{m.max_model_len} is smaller than {key}.max_prompt_tokens + {key}.max_response_tokens "
+            f"({m.max_prompt_tokens} + {m.max_response_tokens} = {needed}); raise max_model_len or lower "
+            "the token limits",
+            key=f"{key}.max_model_len",
+        )
+
+
+# (kind, key) of the component names a taskset and the levels above it may set.
+_TASK_COMPONENTS = (("workflow", "default_workflow_type"), ("reward_fn", "default_reward_fn_type"))
+
+
+def _check_task_component(kind: str, name: str | None, key: str) -> None:
+    """An unknown workflow / reward_fn name fails here, with the closest registered name.
+
+    Dotted names (``pkg.module.Class``) are class paths, left to the code that imports them.
+    """
+    if name and "." not in name:
+        lookup_component(kind, name, key)
+
+
 def _resolve_buffer(c: Config, algo_cls: type) -> None:
     b, ei = c.buffer, c.buffer.explorer_input
+    for section, key in ((b, "buffer"), (ei, "buffer.explorer_input")):
+        for kind, field in _TASK_COMPONENTS:
+            _check_task_component(kind, getattr(section, field), f"{key}.{field}")
+    _check_task_component(
+        "workflow", ei.default_eval_workflow_type, "buffer.explorer_input.default_eval_workflow_type"
+    )
     repeat = c.algorithm.repeat_times
     if ei.taskset is not None:
         if ei.tasksets:
@@ -144,6 +193,8 @@ def _resolve_storage_common(c: Config, storage: Any, key: str) -> None:
 
 def _resolve_taskset(c: Config, ts: TasksetConfig, key: str, index: int, *, is_eval: bool) -> None:
     m, b, ei = c.model, c.buffer, c.buffer.explorer_input
+    for kind, field in _TASK_COMPONENTS:
+        _check_task_component(kind, getattr(ts, field), f"{key}.{field}")
     if ts.task_selector is not None:
         if "data_selector" in ts.model_fields_set:
             raise ConfigError(
@@ -232,17 +283,28 @@ def _resolve_explorer(c: Config) -> None:
         rm.chat_template = m.custom_chat_template
     rm.enable_lora = bool(m.lora_configs)
     rm.rope_scaling, rm.rope_theta = m.rope_scaling, m.rope_theta
-    _resolve_engine(rm)
+    runners = rm.engine_num * c.explorer.runner_per_model
+    _resolve_engine(rm, "explorer.rollout_model", runners)
     for i, aux in enumerate(c.explorer.auxiliary_models):
         if not aux.model_path:
             raise ConfigError(
                 "required key is missing; an auxiliary model needs its own model_path",
                 key=f"explorer.auxiliary_models[{i}].model_path",
             )
-        _resolve_engine(aux)
+        _resolve_engine(aux, f"explorer.auxiliary_models[{i}]", runners)
 
 
-def _resolve_engine(model: InferenceModelConfig) -> None:
+def _resolve_engine(model: InferenceModelConfig, key: str, runners: int) -> None:
+    _check_model_len(model, key)
+    if model.base_port == 0:  # port 0 asks the OS for a free port: the same as leaving it unset
+        model.base_port = None
+    if model.base_port is not None and model.base_port + runners - 1 > MAX_PORT:
+        raise ConfigError(
+            f"{model.base_port} + {runners} runners reaches port {model.base_port + runners - 1}, past "
+            f"{MAX_PORT} (one OpenAI API server per runner; runners = explorer.rollout_model.engine_num * "
+            f"explorer.runner_per_model); use at most {MAX_PORT - runners + 1}, or leave it unset for free ports",
+            key=f"{key}.base_port",
+        )
     if model.engine_type == "vllm_async":  # Trinity-RFT alias: both names mean the async vLLM engine
         model.engine_type = "vllm"
     elif model.engine_type == "auto":
@@ -292,6 +354,22 @@ def _resolve_synchronizer(c: Config) -> None:
     s.explorer_sync_interval = s.explorer_sync_interval or s.sync_interval
     s.trainer_sync_interval = s.trainer_sync_interval or s.sync_interval
     s.explorer_world_size = rm.engine_num * rm.gpu_per_engine
+
+
+def _resolve_eval_interval(c: Config) -> None:
+    """As in Trinity-RFT: evaluate on steps where the explorer gets new weights."""
+    ex, sync_interval = c.explorer, c.synchronizer.sync_interval
+    if c.mode == "bench" or c.algorithm.algorithm_type == "dpo" or ex.eval_interval % sync_interval == 0:
+        return
+    adjusted = max(ex.eval_interval // sync_interval, 1) * sync_interval
+    logger.warning(
+        "`eval_interval` is not a multiple of `sync_interval`; adjusted to %d "
+        "(explorer.eval_interval %d, synchronizer.sync_interval %d)",
+        adjusted,
+        ex.eval_interval,
+        sync_interval,
+    )
+    ex.eval_interval = adjusted
 
 
 def _check_mode(c: Config) -> None:

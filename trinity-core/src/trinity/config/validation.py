@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import types
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -10,6 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from trinity.config.errors import ConfigError
 from trinity.config.models import Config
+from trinity.config.sections.base import closest, invalid_choice
 
 _TYPE_WORDS = {
     int: "an integer",
@@ -71,10 +71,7 @@ def describe_error(error: dict[str, Any], model: type[BaseModel] = Config) -> tu
     if kind == "missing":
         return key, "required key is missing" + _field_doc(model, loc)
     if kind == "literal_error" or (kind == "enum"):
-        allowed = [str(a) for a in _literal_values(annotation)]
-        message = f"invalid value {given!r}; expected one of: {', '.join(allowed)}"
-        close = closest(str(given), allowed)
-        return key, message + (f" (did you mean {close!r}?)" if close else "")
+        return key, invalid_choice(given, [str(a) for a in _literal_values(annotation)])
     if kind == "value_error":
         text = str(ctx.get("error", error["msg"]))
         return key, text
@@ -83,6 +80,8 @@ def describe_error(error: dict[str, Any], model: type[BaseModel] = Config) -> tu
             kind
         ]
         bound = next(iter(ctx.values()))
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)  # `must be >= 0`, not `>= 0.0`, for float keys
         return key, f"must be {op} {bound}, got {given!r}"
     if kind.endswith(("_type", "_parsing")) or kind in ("int_from_float", "model_attributes_type"):
         return key, f"expected {describe_type(annotation)}, got {_describe_input(given)}"
@@ -176,15 +175,6 @@ def _unknown_key(loc: tuple[Any, ...], model: type[BaseModel]) -> str:
             where = f"{parent_path}.{field_name}" if parent_path else field_name
             return f"{message}; it belongs under {where}"
     return f"{message}; valid keys: {', '.join(valid)}"
-
-
-def closest(name: str, candidates: list[str]) -> str | None:
-    """The candidate ``name`` was most likely meant to be (transposed letters win), or None."""
-    close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
-    for candidate in close:
-        if sorted(candidate) == sorted(name):
-            return candidate
-    return close[0] if close else None
 
 
 def _describe_input(value: Any) -> str:

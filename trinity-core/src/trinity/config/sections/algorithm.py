@@ -6,9 +6,12 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
-from trinity.config.sections.base import F, Section
+from trinity.config.sections.base import F, Section, lower_alias
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+# Learning-rate schedules (``trinity.trainer.schedule.SCHEDULE_TYPES``); checked by resolve_config,
+# so an OptimizerConfig built in code still reaches the trainer's own check.
+LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 
 # (config key, plugin kind) of every configurable algorithm component; ``<key>_args`` holds its args.
 COMPONENT_KEYS: tuple[tuple[str, str], ...] = (
@@ -24,16 +27,33 @@ COMPONENT_KEYS: tuple[tuple[str, str], ...] = (
 class OptimizerConfig(Section):
     """Optimizer and learning-rate schedule of the policy model."""
 
-    lr: float = F(1e-6, "Learning rate.")
+    lr: float = F(1e-6, "Learning rate.", ge=0)
     lr_warmup_steps: int = F(-1, "Warm-up steps; a negative value uses `lr_warmup_steps_ratio` instead.")
-    lr_warmup_steps_ratio: float = F(0.0, "Warm-up steps as a fraction of the total training steps.")
-    min_lr_ratio: float = F(0.01, "Lowest learning rate of the cosine schedule, as a fraction of `lr`.")
+    lr_warmup_steps_ratio: float = F(
+        0.0, "Warm-up steps as a fraction of the total training steps.", ge=0, le=1
+    )
+    min_lr_ratio: float = F(
+        0.01, "Lowest learning rate of the cosine schedule, as a fraction of `lr`.", ge=0, le=1
+    )
     warmup_style: str | None = F(None, "Deprecated alias of `lr_scheduler_type` (`constant` or `cosine`).")
     lr_scheduler_type: str = F("constant", "Learning-rate schedule after warm-up: `constant` or `cosine`.")
     optimizer_type: str = F("adam", "Optimizer: `adam` (AdamW) or `sgd`.")
     betas: list[float] = F([0.9, 0.999], "Adam beta coefficients.", min_length=2, max_length=2)
-    weight_decay: float = F(0.01, "Weight decay.")
-    clip_grad: float = F(1.0, "Gradient-norm clipping threshold.")
+    weight_decay: float = F(0.01, "Weight decay.", ge=0)
+    clip_grad: float = F(1.0, "Gradient-norm clipping threshold.", gt=0)
+
+    @field_validator("warmup_style", "lr_scheduler_type", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return lower_alias(value)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, value: list[float]) -> list[float]:
+        for beta in value:
+            if not 0 <= beta < 1:
+                raise ValueError(f"each beta must be in [0, 1), got {value}")
+        return value
 
 
 class AlgorithmConfig(Section):

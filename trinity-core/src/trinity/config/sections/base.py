@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,3 +50,32 @@ def lower_alias(value: Any, aliases: dict[str, str] | None = None) -> Any:
         if aliases:
             value = aliases.get(value, value)
     return value
+
+
+def closest(name: str, candidates: Sequence[str]) -> str | None:
+    """The candidate ``name`` was most likely meant to be (transposed letters win), or None."""
+    close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
+    for candidate in close:
+        if sorted(candidate) == sorted(name):
+            return candidate
+    return close[0] if close else None
+
+
+def invalid_choice(value: Any, choices: Sequence[str]) -> str:
+    """``invalid value 'x'; expected one of: a, b (did you mean 'a'?)``: the message of every enum."""
+    message = f"invalid value {value!r}; expected one of: {', '.join(choices)}"
+    close = closest(str(value), choices)
+    return message + (f" (did you mean {close!r}?)" if close else "")
+
+
+def check_choice(value: Any, choices: Sequence[str]) -> Any:
+    """``value`` lower-cased when it is one of ``choices`` (a ``mode="before"`` validator body);
+    anything else raises the :func:`invalid_choice` message. ``None`` passes (optional keys)."""
+    if value is None:
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"expected one of: {', '.join(choices)}; got {value!r} ({type(value).__name__})")
+    lowered = value.strip().lower()
+    if lowered not in choices:
+        raise ValueError(invalid_choice(value, choices))
+    return lowered

@@ -6,11 +6,14 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
-from trinity.config.sections.base import F, Section, derived, lower_alias
+from trinity.config.sections.base import F, Section, check_choice, derived, lower_alias
 
 StorageType = Literal["file", "queue", "sql"]
 PromptType = Literal["messages", "plaintext"]
 SelectorType = Literal["sequential", "shuffle", "random"]
+SchemaType = Literal["experience", "sft", "dpo"]
+# Names of `trinity.buffer.queue.PRIORITY_FNS` (kept here so loading a config imports no buffer code).
+PRIORITY_FNS: tuple[str, ...] = ("linear_decay",)
 
 
 class FormatConfig(Section):
@@ -47,11 +50,11 @@ class FormatConfig(Section):
 class GenerationConfig(Section):
     """Sampling settings of a taskset; unset values come from the ``model`` section."""
 
-    temperature: float | None = F(None, "Sampling temperature; defaults to `model.temperature`.")
-    top_p: float | None = F(None, "Nucleus-sampling probability; defaults to `model.top_p`.")
-    top_k: int | None = F(None, "Top-k (-1 disables); defaults to `model.top_k`.")
-    logprobs: int | None = F(None, "Top logprobs per token; defaults to `model.logprobs`.")
-    max_tokens: int | None = F(None, "Longest response; defaults to `model.max_response_tokens`.")
+    temperature: float | None = F(None, "Sampling temperature; defaults to `model.temperature`.", ge=0)
+    top_p: float | None = F(None, "Nucleus-sampling probability; defaults to `model.top_p`.", gt=0, le=1)
+    top_k: int | None = F(None, "Top-k (-1 disables); defaults to `model.top_k`.", ge=-1)
+    logprobs: int | None = F(None, "Top logprobs per token; defaults to `model.logprobs`.", ge=0)
+    max_tokens: int | None = F(None, "Longest response; defaults to `model.max_response_tokens`.", ge=1)
     n: int | None = derived(
         None,
         "Rollouts per task; set from `algorithm.repeat_times` (training) or the taskset's `repeat_times`.",
@@ -81,11 +84,16 @@ class ReplayBufferConfig(Section):
     """Experience reuse in a queue buffer (a priority queue)."""
 
     enable: bool = F(False, "Turn the queue into a priority queue that can replay experiences.")
-    priority_fn: str = F("linear_decay", "Priority function of queued experiences.")
+    priority_fn: str = F("linear_decay", "Priority function of queued experiences (`linear_decay`).")
     reuse_cooldown_time: float | None = F(
-        None, "Seconds before an experience may be reused; unset: never reused."
+        None, "Seconds before an experience may be reused; unset: never reused.", ge=0
     )
     priority_fn_args: dict[str, Any] = F({"decay": 2.0}, "Arguments of the priority function.")
+
+    @field_validator("priority_fn", mode="before")
+    @classmethod
+    def _priority_fn(cls, value: Any) -> Any:
+        return check_choice(value, PRIORITY_FNS)
 
 
 class _StorageBase(Section):
@@ -97,13 +105,15 @@ class _StorageBase(Section):
     subset_name: str | None = F(None, "Dataset subset / configuration name (file storage).")
     format: FormatConfig = F(default_factory=FormatConfig, doc="Column mapping.")
     data_selector: DataSelectorConfig = F(default_factory=DataSelectorConfig, doc="Read order.")
-    max_retry_times: int = F(3, "Retries of a failed SQL operation.")
-    max_retry_interval: int = F(1, "Seconds between SQL retries.")
+    max_retry_times: int = F(3, "Retries of a failed SQL operation.", ge=0)
+    max_retry_interval: int = F(1, "Seconds between SQL retries.", ge=0)
     enable_progress_bar: bool | None = F(False, "Show a progress bar while loading files.")
-    index: int = derived(0, "Read position; restored from checkpoints.")
-    batch_size: int = derived(0, "Rows per read; set from `buffer.batch_size` / `buffer.train_batch_size`.")
-    total_epochs: int = derived(1, "Set from `buffer.total_epochs`.")
-    total_steps: int | None = derived(None, "Set from `buffer.total_steps`.")
+    index: int = derived(0, "Read position; restored from checkpoints.", ge=0)
+    batch_size: int = derived(
+        0, "Rows per read; set from `buffer.batch_size` / `buffer.train_batch_size`.", ge=0
+    )
+    total_epochs: int = derived(1, "Set from `buffer.total_epochs`.", ge=1)
+    total_steps: int | None = derived(None, "Set from `buffer.total_steps`.", ge=1)
     ray_namespace: str | None = derived(None, "Ray namespace of the storage actor; set from the global one.")
 
     @field_validator("storage_type", mode="before", check_fields=False)
@@ -139,18 +149,27 @@ class ExperienceBufferConfig(_StorageBase):
         "queue", "`queue` (in memory, optional SQL backup), `sql` or `file` (jsonl)."
     )
     capacity: int = F(10000, "Most experiences a queue holds.", ge=1)
-    max_read_timeout: float = F(1800, "Seconds a read waits for a full batch before returning what it has.")
+    max_read_timeout: float = F(
+        1800, "Seconds a read waits for a full batch before returning what it has.", ge=0
+    )
     replay_buffer: ReplayBufferConfig | None = F(
         default_factory=ReplayBufferConfig, doc="Priority queue / replay settings (queue storage)."
     )
     use_priority_queue: bool | None = F(None, "Deprecated alias of `replay_buffer.enable`.")
-    reuse_cooldown_time: float | None = F(None, "Deprecated alias of `replay_buffer.reuse_cooldown_time`.")
-    schema_type: str | None = derived(
+    reuse_cooldown_time: float | None = F(
+        None, "Deprecated alias of `replay_buffer.reuse_cooldown_time`.", ge=0
+    )
+    schema_type: SchemaType | None = derived(
         None, "Experience schema (`experience`, `sft`, `dpo`); from the algorithm."
     )
     tokenizer_path: str | None = derived(
         None, "Tokenizer for file/SQL datasets; set from `model.model_path`."
     )
+
+    @field_validator("schema_type", mode="before")
+    @classmethod
+    def _lower_schema(cls, value: Any) -> Any:
+        return lower_alias(value)
 
 
 class ExplorerInput(Section):
@@ -180,10 +199,12 @@ class BufferConfig(Section):
 
     batch_size: int = F(1, "Tasks per explore step (do not multiply by repeat_times).", ge=1)
     train_batch_size: int | None = F(
-        None, "Experiences per training step; defaults to batch_size * algorithm.repeat_times."
+        None,
+        "Experiences per training step; unset or 0: batch_size * algorithm.repeat_times.",
+        ge=0,
     )
     total_epochs: int = F(1, "Passes over the training tasksets.", ge=1)
-    total_steps: int | None = F(None, "Total steps; when set, `total_epochs` is ignored.")
+    total_steps: int | None = F(None, "Total steps; when set, `total_epochs` is ignored.", ge=1)
     explorer_input: ExplorerInput = F(default_factory=ExplorerInput, doc="Explorer tasksets.")
     trainer_input: TrainerInput = F(default_factory=TrainerInput, doc="Trainer buffers.")
     default_workflow_type: str | None = F(None, "Workflow of tasksets that name none (lowest priority).")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import field_validator
+
 from trinity.config.sections.base import F, Section
 from trinity.config.sections.buffer import ExperienceBufferConfig, TasksetConfig
 
@@ -13,7 +15,7 @@ class DataJuicerServiceConfig(Section):
 
     server_url: str | None = F(None, "URL of a running Data-Juicer server.")
     auto_start: bool = F(False, "Start a Data-Juicer server automatically.")
-    port: int | None = F(None, "Port of an auto-started server; unset picks a free one.")
+    port: int | None = F(None, "Port of an auto-started server; unset picks a free one.", ge=0, le=65535)
 
 
 class ServiceConfig(Section):
@@ -39,7 +41,14 @@ class TaskPipelineConfig(Section):
     output: TasksetConfig | None = F(None, "Output taskset; defaults to the explorer's taskset.")
     target_fields: list[str] = F([], "Fields processed into the output taskset.")
     priority_weights: dict[str, float] = F({}, "Weights of difficulty / diversity / usage / quality.")
-    top_k: int = F(-1, "Tasks kept after processing; -1 keeps all.")
+    top_k: int = F(-1, "Tasks kept after processing; -1 keeps all.", ge=-1)
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("0 would keep no task; use a positive count, or -1 to keep all")
+        return value
 
 
 class ExperiencePipelineConfig(Section):

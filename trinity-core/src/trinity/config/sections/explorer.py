@@ -6,10 +6,23 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
-from trinity.config.sections.base import F, Section, derived, lower_alias
+from trinity.config.sections.base import F, Section, check_choice, derived, lower_alias
 from trinity.config.sections.model import ExternalModelConfig
 
 EngineType = Literal["auto", "vllm", "vllm_async", "transformers"]
+# What vLLM and the transformers engine accept (`half` = float16, `float` = float32).
+ENGINE_DTYPES: tuple[str, ...] = (
+    "auto",
+    "bfloat16",
+    "float16",
+    "float32",
+    "bf16",
+    "fp16",
+    "fp32",
+    "half",
+    "float",
+)
+MAX_PORT = 65535
 
 
 class InferenceModelConfig(Section):
@@ -43,13 +56,17 @@ class InferenceModelConfig(Section):
     top_k: int | None = derived(None, "Set from `model.top_k`.")
     logprobs: int | None = derived(None, "Set from `model.logprobs`.")
     max_model_len: int | None = F(
-        None, "Longest sequence; for the rollout model defaults to `model.max_model_len`."
+        None, "Longest sequence; for the rollout model defaults to `model.max_model_len`.", ge=1
     )
-    max_prompt_tokens: int | None = F(None, "Longest prompt; defaults to `model.max_prompt_tokens`.")
-    max_response_tokens: int | None = F(None, "Longest response; defaults to `model.max_response_tokens`.")
-    min_response_tokens: int | None = F(None, "Shortest response; defaults to `model.min_response_tokens`.")
+    max_prompt_tokens: int | None = F(None, "Longest prompt; defaults to `model.max_prompt_tokens`.", ge=1)
+    max_response_tokens: int | None = F(
+        None, "Longest response; defaults to `model.max_response_tokens`.", ge=1
+    )
+    min_response_tokens: int | None = F(
+        None, "Shortest response; defaults to `model.min_response_tokens`.", ge=0
+    )
     enable_prompt_truncation: bool | None = F(None, "Defaults to `model.enable_prompt_truncation`.")
-    repetition_penalty: float | None = F(None, "Defaults to `model.repetition_penalty`.")
+    repetition_penalty: float | None = F(None, "Defaults to `model.repetition_penalty`.", gt=0)
     ignore_eos: bool = F(False, "Keep generating past EOS (for benchmarks only).")
     enable_multimodal: bool = F(False, "Accept images / videos in prompts.")
     chat_template: str | None = F(None, "Chat template overriding the model's.")
@@ -65,7 +82,10 @@ class InferenceModelConfig(Section):
     )
     enable_log_requests: bool = F(False, "Log API requests (vLLM API server).")
     base_port: int | None = F(
-        None, "First port of the OpenAI API servers (runner k listens on base_port + k); unset: free ports."
+        None,
+        "First port of the OpenAI API servers (runner k listens on base_port + k); unset or 0: free ports.",
+        ge=0,
+        le=MAX_PORT,
     )
     api_key: str = F("EMPTY", "API key the OpenAI API servers require as a Bearer token (`EMPTY`: none).")
     enable_auto_tool_choice: bool = F(False, "Let the API choose tools automatically.")
@@ -85,12 +105,17 @@ class InferenceModelConfig(Section):
     def _lower(cls, value: Any) -> Any:
         return lower_alias(value)
 
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype(cls, value: Any) -> Any:
+        return check_choice(value, ENGINE_DTYPES)
+
 
 class OverRolloutConfig(Section):
     """Finish an explore step before every task is done (experimental)."""
 
     ratio: float = F(0.0, "Fraction of a batch's tasks the explorer may leave unfinished.", ge=0, lt=1)
-    wait_after_min: float = F(30.0, "Seconds to wait once the minimum number of tasks finished.")
+    wait_after_min: float = F(30.0, "Seconds to wait once the minimum number of tasks finished.", ge=0)
     return_partial_tasks: bool = F(False, "Keep tasks where only some runs succeeded.")
 
 
@@ -98,8 +123,8 @@ class DynamicTimeoutConfig(Section):
     """Per-step task timeout derived from observed task durations (experimental)."""
 
     enable: bool = F(False, "Turn dynamic timeouts on.")
-    warmup_min_steps: int = F(1, "Fully observed steps before the timeout adapts.")
-    ratio: float = F(3.0, "Timeout = min(max_timeout, mean task time * ratio).")
+    warmup_min_steps: int = F(1, "Fully observed steps before the timeout adapts.", ge=0)
+    ratio: float = F(3.0, "Timeout = min(max_timeout, mean task time * ratio).", gt=0)
 
 
 class ExplorerConfig(Section):
@@ -108,17 +133,23 @@ class ExplorerConfig(Section):
     name: str = F("explorer", "Ray actor name of the explorer (unique).")
     runner_per_model: int = F(8, "Parallel workflow runners per rollout engine.", ge=1)
     runner_prepare_concurrency: int = F(128, "Most runners preparing at once.", ge=1)
-    runner_prepare_max_retries: int = F(3, "Retries of a runner that crashes while preparing.")
+    runner_prepare_max_retries: int = F(3, "Retries of a runner that crashes while preparing.", ge=0)
     max_timeout: int = F(1800, "Seconds a task may run.", ge=1)
     max_retry_times: int = F(2, "Retries of a task that fails or times out.", ge=0)
+    max_consecutive_failed_steps: int = F(
+        3,
+        "Stop the job (exit 1) when this many explore steps in a row end with no experience "
+        "(every task failed, timed out or gave none); 0 never stops.",
+        ge=0,
+    )
     env_vars: dict[str, str] = F({}, "Environment variables set in every workflow runner.")
     concurrent_mode: Literal["sequential", "asynchronous", "multi-threading"] = F(
         "sequential", "How a runner runs the repeats of one task."
     )
     max_repeat_times_per_runner: int | None = F(
-        None, "Split a task's repeats over runners in chunks of this size."
+        None, "Split a task's repeats over runners in chunks of this size.", ge=1
     )
-    runner_num: int | None = F(None, "Deprecated; use `runner_per_model`.")
+    runner_num: int | None = F(None, "Deprecated; use `runner_per_model`.", ge=1)
     rollout_model: InferenceModelConfig = F(default_factory=InferenceModelConfig, doc="The rollout engines.")
     auxiliary_models: list[InferenceModelConfig] = F(
         [], "Extra models for workflows (judges, reward models)."
@@ -126,12 +157,12 @@ class ExplorerConfig(Section):
     eval_interval: int = F(100, "Evaluate every this many steps.", ge=1)
     eval_on_startup: bool = F(True, "Evaluate the initial model at step 0.")
     bench_on_latest_checkpoint: bool = F(False, "In `bench` mode evaluate only the latest checkpoint.")
-    proxy_port: int = F(8010, "Port of the serve-mode proxy.")
+    proxy_port: int = F(8010, "Port of the serve-mode proxy.", ge=0, le=MAX_PORT)
     listen_address: str = F("0.0.0.0", "Address the serve-mode proxy listens on.")
-    service_status_check_interval: int = F(60, "Seconds between serve-mode health checks.")
-    min_running_model_num: int = F(1, "Engines kept running in serve mode.")
+    service_status_check_interval: int = F(60, "Seconds between serve-mode health checks.", ge=1)
+    min_running_model_num: int = F(1, "Engines kept running in serve mode.", ge=0)
     db_url: str | None = F(None, "Database of the serve-mode history recorder.")
     over_rollout: OverRolloutConfig = F(default_factory=OverRolloutConfig, doc="Over-rollout settings.")
     dynamic_timeout: DynamicTimeoutConfig = F(default_factory=DynamicTimeoutConfig, doc="Dynamic timeout.")
-    runner_state_report_interval: int = F(0, "Seconds between runner state reports; 0 disables them.")
+    runner_state_report_interval: int = F(0, "Seconds between runner state reports; 0 disables them.", ge=0)
     max_inflight_batches: int = F(2, "Explore batches in flight at once.", ge=1)

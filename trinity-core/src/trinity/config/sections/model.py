@@ -14,7 +14,7 @@ class LoRAConfig(Section):
     path: str | None = F(None, "Path of existing adapter weights; empty trains a new adapter.")
     base_model_name: str | None = F(None, "Name of the base model the adapter belongs to.")
     lora_rank: int = F(32, "LoRA rank.", ge=1)
-    lora_alpha: int = F(32, "LoRA alpha.")
+    lora_alpha: int = F(32, "LoRA alpha.", gt=0)
     lora_dtype: str = F("auto", "Adapter dtype.")
     target_modules: str = F("all-linear", "Modules that get adapters.")
     exclude_modules: str | None = F(None, "Modules that never get adapters.")
@@ -25,7 +25,7 @@ class TinkerConfig(Section):
     """Training through the Tinker service (Trinity-RFT compatibility; not implemented here)."""
 
     enable: bool = F(False, "Use Tinker.")
-    rank: int = F(16, "LoRA rank used by Tinker.")
+    rank: int = F(16, "LoRA rank used by Tinker.", ge=1)
     seed: int | None = F(None, "Seed used by Tinker.")
     train_mlp: bool = F(True, "Train MLP layers.")
     train_attn: bool = F(True, "Train attention layers.")
@@ -52,24 +52,26 @@ class ModelConfig(Section):
     chat_template_path: str | None = F(
         None, "File holding a chat template; overrides `custom_chat_template`."
     )
-    temperature: float = F(1.0, "Default sampling temperature (a taskset's `rollout_args` wins).")
-    top_p: float = F(1.0, "Default nucleus-sampling probability.")
-    top_k: int = F(-1, "Default top-k; -1 disables it.")
-    logprobs: int = F(0, "Number of top logprobs returned per token (0: only the chosen token).")
+    temperature: float = F(1.0, "Default sampling temperature (a taskset's `rollout_args` wins).", ge=0)
+    top_p: float = F(1.0, "Default nucleus-sampling probability.", gt=0, le=1)
+    top_k: int = F(-1, "Default top-k; -1 disables it.", ge=-1)
+    logprobs: int = F(0, "Number of top logprobs returned per token (0: only the chosen token).", ge=0)
     max_model_len: int | None = F(
-        None, "Longest sequence (prompt + response); defaults to max_prompt_tokens + max_response_tokens."
+        None,
+        "Longest sequence (prompt + response); defaults to max_prompt_tokens + max_response_tokens.",
+        ge=1,
     )
-    max_prompt_tokens: int | None = F(None, "Longest prompt in tokens.")
-    max_response_tokens: int | None = F(None, "Longest response in tokens.")
-    min_response_tokens: int = F(0, "Shortest response in tokens (must be below max_response_tokens).")
+    max_prompt_tokens: int | None = F(None, "Longest prompt in tokens.", ge=1)
+    max_response_tokens: int | None = F(None, "Longest response in tokens.", ge=1)
+    min_response_tokens: int = F(0, "Shortest response in tokens (must be below max_response_tokens).", ge=0)
     enable_prompt_truncation: bool = F(True, "Truncate prompts longer than `max_prompt_tokens`.")
-    repetition_penalty: float = F(1.0, "Repetition penalty for generation.")
+    repetition_penalty: float = F(1.0, "Repetition penalty for generation.", gt=0)
     enable_thinking: bool | None = F(None, "Turn thinking on or off in chat templates that support it.")
     lora_configs: list[LoRAConfig] | None = F(None, "LoRA adapters to train instead of full weights.")
     fully_sharded_loras: bool = F(False, "Shard LoRA weights across tensor-parallel ranks (vLLM).")
-    max_cpu_loras: int | None = F(None, "LoRA adapters kept in CPU memory (vLLM).")
+    max_cpu_loras: int | None = F(None, "LoRA adapters kept in CPU memory (vLLM).", ge=1)
     rope_scaling: dict[str, Any] | None = F(None, "RoPE scaling override passed to the model config.")
-    rope_theta: float | None = F(None, "RoPE theta override passed to the model config.")
+    rope_theta: float | None = F(None, "RoPE theta override passed to the model config.", gt=0)
     tinker: TinkerConfig = F(default_factory=TinkerConfig, doc="Tinker service settings.")
     external_model: ExternalModelConfig = F(
         default_factory=ExternalModelConfig, doc="External OpenAI-compatible model settings."

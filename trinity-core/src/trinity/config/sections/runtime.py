@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
-from trinity.config.sections.base import F, Section, derived, lower_alias
+from trinity.config.sections.base import F, Section, derived, invalid_choice, lower_alias
 
 SyncMethod = Literal["checkpoint", "memory", "nccl"]
 SyncStyle = Literal["fixed", "dynamic", "trainer_driven", "explorer_driven", "fully_async"]
@@ -38,8 +38,8 @@ class SynchronizerConfig(Section):
         "fixed", "`fixed` (every sync_interval steps) or `dynamic` (whenever the trainer has new weights)."
     )
     sync_interval: int = F(1, "Steps between weight syncs.", ge=1)
-    explorer_sync_interval: int | None = F(None, "Explorer-side interval; defaults to `sync_interval`.")
-    trainer_sync_interval: int | None = F(None, "Trainer-side interval; defaults to `sync_interval`.")
+    explorer_sync_interval: int | None = F(None, "Explorer-side interval; unset or 0: `sync_interval`.", ge=0)
+    trainer_sync_interval: int | None = F(None, "Trainer-side interval; unset or 0: `sync_interval`.", ge=0)
     sync_offset: int = F(0, "Steps the explorer may run ahead of the trainer.", ge=0)
     sync_timeout: int = F(
         3600,
@@ -89,7 +89,7 @@ class MonitorConfig(Section):
             if not isinstance(item, str):
                 raise ValueError(f"expected a monitor name or a list of them, got {item!r}")
             if item.lower() not in MONITOR_TYPES:
-                raise ValueError(f"invalid value {item!r}; expected one of: {', '.join(MONITOR_TYPES)}")
+                raise ValueError(invalid_choice(item, MONITOR_TYPES))
         return [v.lower() for v in value] if isinstance(value, list) else value.lower()
 
     def monitor_types(self) -> list[str]:

@@ -17,9 +17,9 @@ class MegatronParallelConfig(Section):
 
     tensor_model_parallel_size: int = F(1, "Tensor-parallel size.", ge=1)
     pipeline_model_parallel_size: int = F(1, "Pipeline-parallel size.", ge=1)
-    virtual_pipeline_model_parallel_size: int | None = F(None, "Virtual pipeline-parallel size.")
+    virtual_pipeline_model_parallel_size: int | None = F(None, "Virtual pipeline-parallel size.", ge=1)
     expert_model_parallel_size: int = F(1, "Expert-parallel size.", ge=1)
-    expert_tensor_parallel_size: int | None = F(None, "Expert tensor-parallel size.")
+    expert_tensor_parallel_size: int | None = F(None, "Expert tensor-parallel size.", ge=1)
     context_parallel_size: int = F(1, "Context-parallel size.", ge=1)
     sequence_parallel: bool = F(True, "Sequence parallelism.")
 
@@ -35,17 +35,19 @@ class TrainerConfig(Section):
     trainer_strategy: Literal["fsdp", "fsdp2", "megatron"] = F("fsdp2", "veRL parallel strategy.")
     save_interval: int = F(0, "Save a checkpoint every this many steps; 0 saves only at the end.", ge=0)
     enable_preview: bool = F(True, "Log rollout previews to the monitor (wandb).")
-    total_steps: int | None = F(None, "Stop training after this many steps; unset: no limit.")
+    total_steps: int | None = F(None, "Stop training after this many steps; unset: no limit.", ge=1)
     save_hf_checkpoint: Literal["always", "never", "last"] = F(
         "last", "Which checkpoints are also saved in Hugging Face format."
     )
-    grad_clip: float = F(1.0, "Gradient-norm clipping of the actor.")
+    grad_clip: float = F(1.0, "Gradient-norm clipping of the actor.", gt=0)
     use_dynamic_bsz: bool = F(True, "Pack micro-batches by token count instead of row count.")
     use_remove_padding: bool = F(True, "Remove padding tokens before the forward pass (veRL).")
     balance_batch: bool = F(True, "Balance tokens across data-parallel ranks.")
     critic_warmup: int = F(0, "Steps that train only the critic.", ge=0)
     max_token_len_per_gpu: int | None = F(
-        None, "Token budget of a dynamic micro-batch; defaults to ceil(2 * max_model_len / ulysses size)."
+        None,
+        "Token budget of a dynamic micro-batch; defaults to ceil(2 * max_model_len / ulysses size).",
+        ge=1,
     )
     ulysses_sequence_parallel_size: int = F(1, "Ulysses sequence-parallel size.", ge=1)
     fix_actor_microbatch_loss_scale: bool = F(
@@ -57,17 +59,19 @@ class TrainerConfig(Section):
     offload_policy: bool = F(False, "FSDP2 CPU offload policy.")
     save_strategy: SaveStrategy = F("unrestricted", "Which processes may save checkpoints at the same time.")
     max_checkpoints_to_keep: int | None = F(
-        None, "Checkpoints kept; older ones are deleted. Unset or 0: all."
+        None, "Checkpoints kept; older ones are deleted. Unset or 0: all.", ge=0
     )
-    max_actor_ckpt_to_keep: int | None = F(None, "Actor checkpoints kept (veRL); unset: all.")
-    max_critic_ckpt_to_keep: int | None = F(None, "Critic checkpoints kept (veRL); unset: all.")
+    max_actor_ckpt_to_keep: int | None = F(None, "Actor checkpoints kept (veRL); unset: all.", ge=0)
+    max_critic_ckpt_to_keep: int | None = F(None, "Critic checkpoints kept (veRL); unset: all.", ge=0)
     megatron: MegatronParallelConfig = F(default_factory=MegatronParallelConfig, doc="Megatron parallelism.")
     trainer_config: dict[str, Any] | None = F(
         None, "veRL configuration passed through unchanged (`actor_rollout_ref`, `critic`, `trainer`, ...)."
     )
     trainer_config_path: str = F("", "File holding the veRL configuration; exclusive with `trainer_config`.")
     ppo_micro_batch_size_per_gpu: int | None = F(
-        None, "Rows per micro-batch when `use_dynamic_bsz` is off; unset: one micro-batch per GPU batch."
+        None,
+        "Rows per micro-batch when `use_dynamic_bsz` is off; unset: one micro-batch per GPU batch.",
+        ge=1,
     )
     ppo_epochs: int = F(1, "Passes over each training batch (native trainer).", ge=1)
     gradient_checkpointing: bool = F(
@@ -81,7 +85,9 @@ class TrainerConfig(Section):
     )
     seed: int = F(42, "Seed of the trainer (native trainer).")
 
-    @field_validator("trainer_type", "save_strategy", "trainer_strategy", "dtype", mode="before")
+    @field_validator(
+        "trainer_type", "save_strategy", "trainer_strategy", "dtype", "save_hf_checkpoint", mode="before"
+    )
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return lower_alias(value)
