@@ -62,6 +62,7 @@ buffer:
     experience_buffer: {{name: exp, storage_type: sql, path: "sqlite:///{root}/buffer.db"}}
 explorer:
   eval_on_startup: false
+  eval_interval: 1
   bench_on_latest_checkpoint: {latest}
   rollout_model: {{engine_type: transformers, engine_num: 1, dtype: float32, seed: 1}}
 synchronizer: {{sync_interval: 1, sync_offset: 0}}
@@ -91,6 +92,21 @@ def trained(tmp_path_factory, math_job, trinity_run) -> Path:
     job_dir = root / "ckpt" / "e2e" / "bench"
     assert (job_dir / "global_step_1").is_dir() and (job_dir / "global_step_2").is_dir()
     return root
+
+
+def test_the_eval_logged_at_step_n_ran_on_the_weights_of_step_n(trained, probe_score):
+    from trinity.monitor.tensorboard import read_scalars
+
+    job_dir = trained / "ckpt" / "e2e" / "bench"
+    scalars = read_scalars(job_dir / "monitor" / "tensorboard" / "explorer")
+    version = dict(scalars["eval/model_version"])
+    probe = dict(scalars["eval/probe/probe_logprob"])
+    assert sorted(version) == [1, 2] and dict(scalars["eval/probe/probe_version"]) == {1: 1.0, 2: 2.0}
+    for step in (1, 2):
+        assert version[step] == float(step)
+        # The same number a separate evaluation of checkpoint N gives.
+        expected = probe_score(job_dir / f"global_step_{step}")
+        assert probe[step] == pytest.approx(expected, rel=1e-5, abs=1e-4)
 
 
 def test_bench_evaluates_every_checkpoint(trained, trinity_run, probe_score):

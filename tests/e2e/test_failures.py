@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,7 @@ CONFIG = """
 project: e2e
 name: {name}
 checkpoint_root_dir: {root}/ckpt
-algorithm: {{algorithm_type: grpo, repeat_times: 2}}
+algorithm: {{algorithm_type: grpo, repeat_times: 2, sample_strategy: {sample_strategy}}}
 model: {{model_path: {root}/model, max_prompt_tokens: 128, max_response_tokens: 8}}
 buffer:
   total_steps: {steps}
@@ -55,12 +56,34 @@ def register_workflows(register):
     register("dying_workflow", DyingWorkflow)
 """
 
+# A sample strategy that, from step 2 on, holds the batch it read (and says so in a file):
+# Ctrl-C then lands while the trainer has claimed rows it will never train on.
+HOLDING_PLUGIN = """
+import os, time
+from pathlib import Path
+from trinity import hookimpl
+from trinity_algos.sample_strategy import DefaultSampleStrategy
+
+class Holding(DefaultSampleStrategy):
+    def sample(self, step):
+        batch, metrics = super().sample(step)
+        if step >= 2:
+            Path(os.environ["TRINITY_TEST_HOLDING"]).write_text(str(len(batch)))
+            time.sleep(600)
+        return batch, metrics
+
+@hookimpl
+def register_sample_strategies(register):
+    register("holding", Holding)
+"""
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory, math_job) -> Path:
     root = math_job(tmp_path_factory.mktemp("failures"), train=200, test=4, difficulty=3)
     (root / "plugins").mkdir()
     (root / "plugins" / "dying.py").write_text(DYING_PLUGIN)
+    (root / "plugins" / "holding.py").write_text(HOLDING_PLUGIN)
     return root
 
 
@@ -72,9 +95,14 @@ def _ray_pids(driver_pid: int) -> set[int]:
     return {int(line.split()[0]) for line in out.splitlines() if session.search(line)}
 
 
-def _start(root: Path, name: str, workflow: str, steps: int, env: dict[str, str]) -> subprocess.Popen:
+def _start(
+    root: Path, name: str, workflow: str, steps: int, env: dict[str, str], sample_strategy: str = "default"
+) -> subprocess.Popen:
     config = root / f"{name}.yaml"
-    config.write_text(textwrap.dedent(CONFIG.format(root=root, name=name, workflow=workflow, steps=steps)))
+    text = CONFIG.format(
+        root=root, name=name, workflow=workflow, steps=steps, sample_strategy=sample_strategy
+    )
+    config.write_text(textwrap.dedent(text))
     return subprocess.Popen(
         [
             sys.executable,
@@ -129,3 +157,22 @@ def test_ctrl_c_stops_the_job_cleanly(root, job_env):
     assert proc.returncode == 130, "".join(lines)[-2000:] + out[-2000:]
     assert "interrupted" in out
     assert not _wait_gone(proc.pid), "Ray processes were left running"
+
+
+def test_ctrl_c_gives_back_the_rows_of_the_unfinished_train_step(root, job_env, tmp_path):
+    holding = tmp_path / "holding"
+    env = {**job_env, "TRINITY_TEST_HOLDING": str(holding)}
+    proc = _start(root, "held", "math_workflow", steps=1000, env=env, sample_strategy="holding")
+    deadline = time.monotonic() + 240
+    while not holding.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert holding.exists(), "the trainer never reached step 2"
+    assert holding.read_text() == "4"  # it holds step 2's batch
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "4 experiences read for the unfinished train step are unread again" in out
+    with sqlite3.connect(root / "held.db") as conn:
+        rows = dict(conn.execute("SELECT consumed, COUNT(*) FROM exp GROUP BY consumed").fetchall())
+    # Step 1's 4 rows were trained on; step 2's are unread again, as if never claimed.
+    assert rows == {0: 4, 1: 4}

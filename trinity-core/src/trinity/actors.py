@@ -79,6 +79,11 @@ class ExplorerActor:
             self.explorer.explore_step_num = int(state["step"])
             self.explorer.taskset_reader.load_state_dict(state["taskset"])
             self.logger.info("resumed explorer at step %d", self.explorer.explore_step_num)
+        if config.mode in ("both", "explore"):
+            # Registers this run's writer before the trainer's first read (the launcher waits
+            # for this constructor): a shared buffer whose earlier writers all finished must
+            # not look exhausted to it. Every step up to the current one is written.
+            self.explorer.writer.end_step(self.explorer.explore_step_num)
 
     def ready(self) -> bool:
         return True
@@ -163,8 +168,17 @@ class TrainerActor:
     def current_step(self) -> int:
         return self.trainer.step
 
-    def train_step(self) -> dict[str, float] | None:
-        return self.trainer.train_step()
+    def reader_position(self) -> dict[str, Any]:
+        """The experience reader's state (what the driver gives back after an interrupt)."""
+        return self.trainer.experience_reader.state_dict()
+
+    def train_step(self) -> dict[str, Any] | None:
+        from trinity.launcher import READER_POSITION_KEY
+
+        metrics = self.trainer.train_step()
+        if metrics is not None:
+            metrics[READER_POSITION_KEY] = self.reader_position()
+        return metrics
 
     def get_weights(self) -> tuple[dict[str, Any], int]:
         return self.trainer.state_dict(), self.trainer.step

@@ -40,6 +40,7 @@ class StageResult:
     explorer_steps: int
     final_checkpoint: str | None
     metrics: dict[str, float]
+    shortfall: str | None = None  # what the stage did not do that it was asked to
 
 
 def run(config: Config) -> int:
@@ -60,6 +61,10 @@ def run(config: Config) -> int:
             return EXIT_INTERRUPTED
         except JobFailed as exc:
             print(f"[trinity] job failed: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        if result.shortfall:
+            if index + 1 < len(stages):
+                print("[trinity] later stages not run: this one fell short", file=sys.stderr)
             return EXIT_FAILED
         previous_checkpoint = result.final_checkpoint or previous_checkpoint
     return EXIT_OK
@@ -129,6 +134,7 @@ def _init_ray(config: Config) -> Any:
 def run_stage(config: Config) -> StageResult:
     """Run one stage (one resolved config) to completion."""
     from trinity.actors import ExplorerActor, TrainerActor
+    from trinity.buffer.factory import check_buffer_is_free
     from trinity.monitor import get_monitor, get_monitors
     from trinity.placement import actor_resources, cpu_shares, runs
     from trinity.sync import Synchronizer
@@ -143,6 +149,11 @@ def run_stage(config: Config) -> StageResult:
             flush=True,
         )
         config = renamed
+    if runs(config, "explorer") and config.mode != "bench":
+        try:
+            check_buffer_is_free(config, config.buffer.cache_dir)
+        except ValueError as exc:
+            raise JobFailed(str(exc)) from None
     ray = _init_ray(config)
     job_dir = Path(config.checkpoint_job_dir)
     (job_dir / "log").mkdir(parents=True, exist_ok=True)
@@ -155,6 +166,8 @@ def run_stage(config: Config) -> StageResult:
         role = "trainer" if runs(config, "trainer") else "explorer"
         monitors[role].monitors.append(get_monitor("console", config, role, total))
     actors: list[Any] = []
+    loop: _StepLoop | None = None
+    interrupted = False
     _INTERRUPTED.clear()
     previous_handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -179,7 +192,11 @@ def run_stage(config: Config) -> StageResult:
             metrics = _get(ray, explorer.benchmark.remote(), "explorer benchmark")
             _log(monitors["explorer"], metrics, 0)
             return StageResult(config.name, 0, 0, None, metrics)
-        return _drive(ray, config, explorer, trainer, synchronizer, monitors)
+        loop = _StepLoop(ray, config, explorer, trainer, synchronizer, monitors)
+        return loop.run()
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
@@ -193,7 +210,23 @@ def run_stage(config: Config) -> StageResult:
         for actor in actors:
             with contextlib.suppress(Exception):  # the actor may already be gone
                 ray.kill(actor)
+        if interrupted and loop is not None and loop.reader_position:
+            _release_unfinished_reads(config, loop.reader_position)
         ray.shutdown()
+
+
+def _release_unfinished_reads(config: Config, position: dict[str, Any]) -> None:
+    """After an interrupt: make the experiences the trainer read for the step it did not
+    finish unread again (they were never trained on)."""
+    from trinity.buffer.factory import release_reads_after
+
+    try:
+        released = release_reads_after(config, position)
+    except Exception as exc:  # the job is stopping anyway: say so, do not mask the interrupt
+        print(f"[trinity] could not give back the unfinished step's experiences: {exc}", file=sys.stderr)
+        return
+    if released:
+        print(f"[trinity] {released} experiences read for the unfinished train step are unread again")
 
 
 # Set by Ctrl-C / SIGTERM during a stage. The handler also raises KeyboardInterrupt, but a raise
@@ -283,92 +316,227 @@ def _eval_due(config: Config, explorer_step: int) -> bool:
     return bool(interval) and explorer_step > 0 and explorer_step % interval == 0
 
 
-def _drive(
-    ray: Any, config: Config, explorer: Any, trainer: Any, synchronizer: Any, monitors: dict[str, Any]
-) -> StageResult:
-    """Step explorer and trainer concurrently, syncing weights as the synchronizer decides."""
-    explorer_step = _get(ray, explorer.current_step.remote(), "explorer") if explorer else 0
-    explorer_version = _get(ray, explorer.model_version.remote(), "explorer") if explorer else 0
-    trainer_step = _get(ray, trainer.current_step.remote(), "trainer") if trainer else 0
-    total = total_steps(config)
-    explore_ref = train_ref = None
-    explorer_done = explorer is None
-    trainer_done = trainer is None
-    last_metrics: dict[str, float] = {}
-    start = time.monotonic()
+def _wait_report_s() -> float:
+    """Seconds between the console lines of a wait (``TRINITY_WAIT_REPORT_S``, default 60)."""
+    try:
+        return max(0.1, float(os.environ.get("TRINITY_WAIT_REPORT_S", "60")))
+    except ValueError:
+        return 60.0
 
-    broadcast = config.synchronizer.sync_method == "nccl" and explorer is not None and trainer is not None
-    if broadcast:
-        _open_weight_group(ray, config, explorer, trainer)
 
-    if explorer is not None and config.explorer.eval_on_startup and explorer_step == 0:
-        _log(monitors["explorer"], _get(ray, explorer.eval.remote(), "explorer eval"), 0)
+# Key of the trainer actor's buffer read position in a step's result (a dict, never logged).
+READER_POSITION_KEY = "_reader_position"
 
-    while not (explorer_done and trainer_done):
-        _check_interrupted()
-        if not explorer_done and explore_ref is None:
-            if total is not None and explorer_step >= total:
-                explorer_done = True
-                _get(ray, explorer.finish.remote(), "explorer finish")
-            else:
-                run = True
-                if trainer is not None:
-                    decision = synchronizer.explorer_decision(explorer_step, trainer_step, explorer_version)
-                    if decision.action == "sync" or (decision.action == "wait" and trainer_done):
-                        explorer_version = _sync(ray, config, explorer, trainer)
-                    elif decision.action == "wait":
-                        run = False  # until the trainer reaches decision.version
-                if run:
-                    explore_ref = explorer.explore_step.remote()
-        if not trainer_done and train_ref is None:
-            if total is not None and trainer_step >= total:
-                trainer_done = True
-            else:
-                train_ref = trainer.train_step.remote()
-        pending = [r for r in (explore_ref, train_ref) if r is not None]
-        if not pending:
-            continue
-        ready, _ = ray.wait(pending, num_returns=1)
-        if explore_ref is not None and explore_ref in ready:
-            metrics = _get(ray, explore_ref, "explorer step")
-            explore_ref = None
-            if metrics is None:  # taskset exhausted
-                explorer_done = True
-                _get(ray, explorer.finish.remote(), "explorer finish")
-            else:
-                explorer_step += 1
-                _log(monitors["explorer"], metrics, explorer_step)
-                last_metrics.update(metrics)
-                if _eval_due(config, explorer_step):
-                    metrics = _get(ray, explorer.eval.remote(), "explorer eval")
-                    _log(monitors["explorer"], metrics, explorer_step)
-        if train_ref is not None and train_ref in ready:
-            metrics = _get(ray, train_ref, "trainer step")
-            train_ref = None
-            if metrics is None:  # no more experiences will come
-                trainer_done = True
-            else:
-                trainer_step += 1
-                _log(monitors["trainer"], metrics, trainer_step)
-                last_metrics.update(metrics)
-    final_checkpoint = None
-    if trainer is not None:
-        final_checkpoint = _get(ray, trainer.finish.remote(), "trainer finish")
-    # Evaluate the final weights once more when the last step was not an eval step.
-    final_eval_needed = config.explorer.eval_interval and not _eval_due(config, explorer_step)
-    if explorer is not None and trainer is not None and final_checkpoint and final_eval_needed:
-        _sync(ray, config, explorer, trainer)
-        _log(monitors["explorer"], _get(ray, explorer.eval.remote(), "explorer eval"), explorer_step)
-    if broadcast:
-        # A later stage (new actors) builds a group of its own.
-        _get(ray, [explorer.close_weight_group.remote(), trainer.close_weight_group.remote()], "weight sync")
-    elapsed = time.monotonic() - start
-    print(
-        f"[trinity] done: {trainer_step} train steps, {explorer_step} explore steps in {elapsed:.0f}s"
-        + (f"; final weights {final_checkpoint}" if final_checkpoint else ""),
-        flush=True,
-    )
-    return StageResult(config.name, trainer_step, explorer_step, final_checkpoint, last_metrics)
+
+class _StepLoop:
+    """Steps explorer and trainer concurrently, syncing weights as the synchronizer decides.
+
+    Everything the console shows about a running stage comes from here: one line per explore
+    step whose tasks failed (count and first error), a line while anything waits longer than
+    :func:`_wait_report_s` (who waits for what), and the closing line, which says ``done`` only
+    when the stage trained the steps it was asked for. An eval due at explorer step ``N`` runs
+    once the explorer holds the weights of trainer step ``N`` (explore-only: at once), and is
+    logged at step ``N`` with the version it measured (``eval/model_version``).
+    """
+
+    def __init__(
+        self,
+        ray: Any,
+        config: Config,
+        explorer: Any,
+        trainer: Any,
+        synchronizer: Any,
+        monitors: dict[str, Any],
+    ) -> None:
+        self.ray, self.config = ray, config
+        self.explorer, self.trainer = explorer, trainer
+        self.synchronizer, self.monitors = synchronizer, monitors
+        self.explorer_step = self.explorer_version = self.trainer_step = 0
+        self.empty_train_steps = 0
+        self.failed_streak: list[int] = []
+        self.pending_evals: list[int] = []
+        self.last_metrics: dict[str, float] = {}
+        # The trainer's buffer position after its last finished step: rows read after it are
+        # given back when the job is interrupted mid-step.
+        self.reader_position: dict[str, Any] | None = None
+
+    def get(self, ref: Any, doing: str) -> Any:
+        return _get(self.ray, ref, doing)
+
+    def run(self) -> StageResult:
+        ray, config, explorer, trainer = self.ray, self.config, self.explorer, self.trainer
+        if explorer is not None:
+            self.explorer_step = self.get(explorer.current_step.remote(), "explorer")
+            self.explorer_version = self.get(explorer.model_version.remote(), "explorer")
+        if trainer is not None:
+            self.trainer_step = self.get(trainer.current_step.remote(), "trainer")
+            self.reader_position = self.get(trainer.reader_position.remote(), "trainer")
+        total = total_steps(config)
+        explore_ref = train_ref = None
+        explorer_done, trainer_done = explorer is None, trainer is None
+        start = time.monotonic()
+        broadcast = config.synchronizer.sync_method == "nccl" and explorer is not None and trainer is not None
+        if broadcast:
+            _open_weight_group(ray, config, explorer, trainer)
+        if explorer is not None and config.explorer.eval_on_startup and self.explorer_step == 0:
+            self.eval(0)
+
+        waiting_since = time.monotonic()
+        while not (explorer_done and trainer_done):
+            _check_interrupted()
+            if not explorer_done and explore_ref is None:
+                if total is not None and self.explorer_step >= total:
+                    explorer_done = True
+                    self.get(explorer.finish.remote(), "explorer finish")
+                else:
+                    run = True
+                    if trainer is not None:
+                        decision = self.synchronizer.explorer_decision(
+                            self.explorer_step, self.trainer_step, self.explorer_version
+                        )
+                        if decision.action == "sync" or (decision.action == "wait" and trainer_done):
+                            self.explorer_version = _sync(ray, config, explorer, trainer)
+                        elif decision.action == "wait":
+                            run = False  # until the trainer reaches decision.version
+                    self.run_due_evals()
+                    if run:
+                        explore_ref = explorer.explore_step.remote()
+            if not trainer_done and train_ref is None:
+                if total is not None and self.trainer_step >= total:
+                    trainer_done = True
+                else:
+                    train_ref = trainer.train_step.remote()
+            pending = [r for r in (explore_ref, train_ref) if r is not None]
+            if not pending:
+                continue
+            ready, _ = ray.wait(pending, num_returns=1, timeout=_wait_report_s())
+            if not ready:
+                self.report_wait(explore_ref, train_ref, explorer_done, time.monotonic() - waiting_since)
+                continue
+            waiting_since = time.monotonic()
+            if explore_ref is not None and explore_ref in ready:
+                metrics = self.get(explore_ref, "explorer step")
+                explore_ref = None
+                if metrics is None:  # taskset exhausted
+                    explorer_done = True
+                    self.get(explorer.finish.remote(), "explorer finish")
+                else:
+                    self.explored(metrics)
+            if train_ref is not None and train_ref in ready:
+                metrics = self.get(train_ref, "trainer step")
+                train_ref = None
+                if metrics is None:  # no more experiences will come
+                    trainer_done = True
+                else:
+                    self.trained(metrics)
+        final_checkpoint = None
+        if trainer is not None:
+            final_checkpoint = self.get(trainer.finish.remote(), "trainer finish")
+        # Evaluate the final weights when an eval is still owed, or the last step had none.
+        final_eval = config.explorer.eval_interval and (
+            self.pending_evals or not _eval_due(config, self.explorer_step)
+        )
+        if explorer is not None and trainer is not None and final_checkpoint and final_eval:
+            self.explorer_version = _sync(ray, config, explorer, trainer)
+            self.pending_evals.clear()
+            self.eval(self.explorer_step)
+        if broadcast:
+            # A later stage (new actors) builds a group of its own.
+            self.get(
+                [explorer.close_weight_group.remote(), trainer.close_weight_group.remote()], "weight sync"
+            )
+        return self.finish(total, final_checkpoint, time.monotonic() - start)
+
+    # -- per-step bookkeeping ------------------------------------------------------------------
+
+    def explored(self, metrics: dict[str, Any]) -> None:
+        from trinity.explorer.explorer import FAILURES_KEY
+
+        self.explorer_step += 1
+        step = self.explorer_step
+        _log(self.monitors["explorer"], metrics, step)
+        self.last_metrics.update({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+        report = metrics.get(FAILURES_KEY)
+        if report:
+            log_file = Path(self.config.checkpoint_job_dir) / "log" / f"{self.config.explorer.name}.log"
+            print(f"[trinity] explorer step {step}: {report} (tracebacks in {log_file})", flush=True)
+        if metrics.get("rollout/num_experiences", 1) == 0:
+            self.failed_streak.append(step)
+        else:
+            self.failed_streak.clear()
+        limit = self.config.explorer.max_consecutive_failed_steps
+        if limit and len(self.failed_streak) >= limit:
+            first, last = self.failed_streak[0], self.failed_streak[-1]
+            raise JobFailed(
+                f"explore steps {first}-{last} gave no experience ({limit} in a row, "
+                f"explorer.max_consecutive_failed_steps): {report or 'every task gave none'}"
+            )
+        if _eval_due(self.config, step):
+            self.pending_evals.append(step)
+            if self.trainer is None:
+                self.run_due_evals()
+
+    def trained(self, metrics: dict[str, Any]) -> None:
+        self.trainer_step += 1
+        self.reader_position = metrics.pop(READER_POSITION_KEY, self.reader_position)
+        if metrics.get("trainer/empty_step"):
+            self.empty_train_steps += 1
+        _log(self.monitors["trainer"], metrics, self.trainer_step)
+        self.last_metrics.update({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+
+    def run_due_evals(self) -> None:
+        """Run the evals owed at steps whose weights the explorer now holds."""
+        while self.pending_evals and (self.trainer is None or self.explorer_version >= self.pending_evals[0]):
+            self.eval(self.pending_evals.pop(0))
+
+    def eval(self, step: int) -> None:
+        _log(self.monitors["explorer"], self.get(self.explorer.eval.remote(), "explorer eval"), step)
+
+    def report_wait(self, explore_ref: Any, train_ref: Any, explorer_done: bool, seconds: float) -> None:
+        """One console line saying who waits for what, while nothing finishes."""
+        parts = []
+        if explore_ref is not None:
+            parts.append(f"explorer step {self.explorer_step + 1} is running its tasks")
+        elif not explorer_done and self.trainer is not None:
+            parts.append(f"the explorer waits for trainer step {self.trainer_step + 1} to sync weights")
+        if train_ref is not None:
+            parts.append(
+                f"trainer step {self.trainer_step + 1} is running (it trains once the explorer's "
+                "experiences for it are written)"
+            )
+        print(f"[trinity] waiting {seconds:.0f}s: " + "; ".join(parts), flush=True)
+
+    def finish(self, total: int | None, final_checkpoint: str | None, elapsed: float) -> StageResult:
+        """The closing line: ``done`` only when the trainer trained every step asked for."""
+        short = []
+        if self.trainer is not None:
+            asked = (
+                total if total is not None else (self.explorer_step if self.explorer is not None else None)
+            )
+            if asked is not None and self.trainer_step < asked:
+                short.append(
+                    f"the trainer stopped after {self.trainer_step} of {asked} steps (no more experiences)"
+                )
+            if self.empty_train_steps:
+                short.append(
+                    f"{self.empty_train_steps} of {self.trainer_step} train steps had no experience "
+                    "(every task of their explore step failed)"
+                )
+        summary = f"{self.trainer_step} train steps, {self.explorer_step} explore steps in {elapsed:.0f}s" + (
+            f"; final weights {final_checkpoint}" if final_checkpoint else ""
+        )
+        if short:
+            print(f"[trinity] finished short: {'; '.join(short)}. {summary}", file=sys.stderr, flush=True)
+        else:
+            print(f"[trinity] done: {summary}", flush=True)
+        return StageResult(
+            self.config.name,
+            self.trainer_step,
+            self.explorer_step,
+            final_checkpoint,
+            self.last_metrics,
+            "; ".join(short) or None,
+        )
 
 
 def _sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> int:

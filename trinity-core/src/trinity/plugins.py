@@ -142,7 +142,8 @@ class UnknownComponentError(PluginError, LookupError):
         close = difflib.get_close_matches(name, installed, n=1)
         if close:
             parts.append(f"Did you mean {close[0]!r}?")
-        parts.append(f"Installed {kind}s: {', '.join(installed) if installed else '(none)'}.")
+        plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
+        parts.append(f"Installed {plural}: {', '.join(installed) if installed else '(none)'}.")
         provider = _known_provider(kind, name)
         if provider:
             parts.append(f"{name!r} is provided by {provider}: pip install {provider}")

@@ -47,10 +47,14 @@ class _Plugin:
 class ListWriter:
     def __init__(self):
         self.batches: list[list[Experience]] = []
+        self.ended_steps: list[int] = []
         self.finished = False
 
     def write(self, experiences):
         self.batches.append(list(experiences))
+
+    def end_step(self, step):
+        self.ended_steps.append(step)
 
     def finish(self):
         self.finished = True

@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from trinity import hookimpl
+from trinity.buffer.base import WriterBase
 from trinity.config import Config
 from trinity.explorer.explorer import Explorer
 from trinity.explorer.model_wrapper import ModelWrapper
@@ -175,7 +176,7 @@ def plugins():
         yield
 
 
-class ListWriter:
+class ListWriter(WriterBase):
     def __init__(self):
         self.batches = []
 

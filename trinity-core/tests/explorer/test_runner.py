@@ -12,7 +12,7 @@ import torch
 
 from trinity.experience import Experience
 from trinity.explorer.model_wrapper import ModelWrapper
-from trinity.explorer.runner import RunnerPool, WorkflowRunner, summarize_results
+from trinity.explorer.runner import RunnerPool, WorkflowRunner, failure_report, summarize_results
 from trinity.workflow import Task, Workflow
 
 
@@ -170,6 +170,8 @@ def test_transient_failure_succeeds_on_retry():
         "rollout/failed_tasks": 0.0,
         "rollout/timeout_tasks": 0.0,
         "rollout/retried_tasks": 1.0,
+        "rollout/empty_tasks": 0.0,
+        "rollout/dropped_experiences": 0.0,
     }
 
 
@@ -188,10 +190,62 @@ def test_hanging_workflow_times_out_and_the_step_goes_on(cls):
     assert metrics["rollout/failed_tasks"] == 1.0 and metrics["rollout/timeout_tasks"] == 1.0
 
 
-@pytest.mark.parametrize("out", ["a string", [1, 2], None, {"tokens": [1]}])
-def test_garbage_output_is_a_failure(out):
+@pytest.mark.parametrize("out", ["a string", None, {"tokens": [1]}])
+def test_output_that_is_not_a_list_is_a_failure(out):
     [result] = _pool(max_retry_times=0).run_tasks([_task(Garbage, out=out)])
     assert not result.ok and "must return a list of Experience" in result.error
+
+
+class Mixed(Workflow):
+    """Returns good experiences next to items no trainer can use."""
+
+    def run(self):
+        return [_exp(1.0), "not an experience", _exp(float("nan")), _exp(float("inf")), 7, _exp(0.0)]
+
+
+class Empty(Workflow):
+    def run(self):
+        return []
+
+
+def test_unusable_items_are_dropped_one_by_one_and_the_task_goes_on(caplog):
+    with caplog.at_level(logging.WARNING, logger="trinity.explorer.runner"):
+        [result] = _pool(max_retry_times=0).run_tasks([_task(Mixed, 3)])
+    assert result.ok and [e.reward for e in result.experiences] == [1.0, 0.0]
+    assert result.dropped == {"not an Experience": 2, "non-finite reward": 2}
+    metrics = summarize_results([result])
+    assert metrics["rollout/dropped_experiences"] == 4.0 and metrics["rollout/failed_tasks"] == 0.0
+    logged = [r.getMessage() for r in caplog.records]
+    assert sum("task t#3: dropped one result" in m for m in logged) == 4
+    assert any("non-finite reward" in m and "nan" in m for m in logged)
+
+
+class AllNan(Workflow):
+    def run(self):
+        return [_exp(float("nan"))]
+
+
+@pytest.mark.parametrize("cls", [Empty, AllNan])
+def test_a_task_left_without_experiences_is_counted_and_logged_as_empty(cls, caplog):
+    with caplog.at_level(logging.WARNING, logger="trinity.explorer.runner"):
+        results = _pool(max_retry_times=0).run_tasks([_task(cls, 5), _task(Counting, 6)])
+    empty, good = results
+    assert empty.ok and empty.empty and not good.empty
+    assert summarize_results(results)["rollout/empty_tasks"] == 1.0
+    assert any("task t#5 gave no experience" in r.getMessage() for r in caplog.records)
+    assert failure_report(results).startswith("0 of 2 tasks failed, 1 gave no experience")
+
+
+def test_failure_report_names_counts_and_the_first_error_in_one_line():
+    results = _pool(runner_per_model=2, max_retry_times=0, max_timeout=0.3).run_tasks(
+        [_task(Counting, 0), _task(Raising, 1), _task(Hanging, 2), _task(Empty, 3)]
+    )
+    line = failure_report(results)
+    assert "\n" not in line
+    assert line == (
+        "2 of 4 tasks failed (1 timed out), 1 gave no experience; first: t#1: RuntimeError: boom in workflow"
+    )
+    assert failure_report(results[:1]) is None
 
 
 @pytest.mark.parametrize("cls", [AsyncSleeper, SyncSleeper])

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trinity.buffer.base import BufferReader, BufferWriter
     from trinity.buffer.taskset import TasksetScheduler
-    from trinity.config import BufferConfig, ExperienceBufferConfig, TasksetConfig
+    from trinity.config import BufferConfig, Config, ExperienceBufferConfig, TasksetConfig
 
 
 def _sql_url(config: ExperienceBufferConfig, cache_dir: str | None) -> str:
@@ -67,21 +67,24 @@ def _queue_actor(config: ExperienceBufferConfig) -> Any:
     )
 
 
-def get_buffer_writer(config: ExperienceBufferConfig, *, cache_dir: str | None = None) -> BufferWriter:
+def get_buffer_writer(
+    config: ExperienceBufferConfig, *, cache_dir: str | None = None, run: str | None = None
+) -> BufferWriter:
     """A writer for an experience buffer, by ``storage_type`` (``sql``, ``queue``, ``file``).
 
-    ``cache_dir`` supplies a default SQLite file for ``sql`` buffers without a ``path``.
+    ``cache_dir`` supplies a default SQLite file for ``sql`` buffers without a ``path``;
+    ``run`` (:func:`run_name`) prefixes the stored experience ids.
     """
     kind = config.storage_type
     name = config.name or "experience"
     if kind == "sql":
         from trinity.buffer.sql import SQLStorage, SQLWriter
 
-        return SQLWriter(SQLStorage(_sql_url(config, cache_dir), name))
+        return SQLWriter(SQLStorage(_sql_url(config, cache_dir), name), run)
     if kind == "queue":
         from trinity.buffer.queue import QueueWriter
 
-        return QueueWriter(_queue_actor(config), name)
+        return QueueWriter(_queue_actor(config), name, run)
     if kind == "file":
         from trinity.buffer.file import FileWriter
 
@@ -89,6 +92,49 @@ def get_buffer_writer(config: ExperienceBufferConfig, *, cache_dir: str | None =
             raise ValueError(f"experience buffer {name!r}: storage_type file needs a path (file or folder)")
         return FileWriter(config.path, name)
     raise ValueError(f"experience buffer {name!r}: unknown storage_type {kind!r}; use queue, sql or file")
+
+
+def run_name(config: Config) -> str | None:
+    """The run a job's experiences belong to: its job folder under the checkpoint root
+    (``<project>/<name>``, plus the stage), unique per run since a fresh run gets a new name.
+    ``None`` for a config that was never resolved (no job folder)."""
+    if not config.checkpoint_job_dir or not config.checkpoint_root_dir:
+        return None
+    return os.path.relpath(config.checkpoint_job_dir, config.checkpoint_root_dir)
+
+
+def check_buffer_is_free(config: Config, cache_dir: str | None = None) -> None:
+    """Refuse, with a one-line ``ValueError``, an experience buffer whose unread rows another
+    run left: this run's trainer would train on them. Only SQL-backed buffers (``sql``, or a
+    ``queue`` with an SQL ``path``) keep rows across runs."""
+    exp = config.buffer.trainer_input.experience_buffer
+    if exp is None or not (exp.storage_type == "sql" or (exp.storage_type == "queue" and exp.path)):
+        return
+    from trinity.buffer.sql import SQLStorage
+
+    url = _sql_url(exp, cache_dir) if exp.storage_type == "sql" else str(exp.path)
+    run = run_name(config)
+    if run is None:
+        return
+    count, example = SQLStorage(url, exp.name or "experience").unread_of_other_runs(run)
+    if count:
+        earlier = example.split(":", 1)[0] if example and ":" in example else "an earlier run"
+        raise ValueError(
+            f"buffer.trainer_input.experience_buffer {exp.name!r} ({url}) holds {count} unread "
+            f"experiences of another run ({earlier}); this run would train on them. Use another "
+            "path or name for the buffer, or continue that run (continue_from_checkpoint: true)"
+        )
+
+
+def release_reads_after(config: Config, position: dict[str, Any]) -> int:
+    """Make the rows the trainer's reader read after ``position`` (its ``state_dict()``)
+    unread again; returns how many. Only ``sql`` and ``queue`` buffers track their readers."""
+    exp = config.buffer.trainer_input.experience_buffer
+    if exp is None or exp.storage_type not in ("sql", "queue"):
+        return 0
+    reader = get_buffer_reader(exp, cache_dir=config.buffer.cache_dir)
+    reader.load_state_dict(position)
+    return int(reader.released or 0)
 
 
 def get_buffer_reader(

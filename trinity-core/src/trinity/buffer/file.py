@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trinity.buffer.base import BufferExhausted
+from trinity.buffer.base import BufferExhausted, ReaderBase, WriterBase
 
 if TYPE_CHECKING:
     from trinity.experience import Experience
@@ -48,7 +48,7 @@ def experience_from_json(line: str) -> Experience:
     return Experience.from_dict(json.loads(line))
 
 
-class FileWriter:
+class FileWriter(WriterBase):
     """:class:`~trinity.buffer.base.BufferWriter` appending JSON lines to one file."""
 
     def __init__(self, path: str, name: str = "experience") -> None:
@@ -73,7 +73,7 @@ class FileWriter:
         """Nothing to do: every write is already durable."""
 
 
-class FileReader:
+class FileReader(ReaderBase):
     """:class:`~trinity.buffer.base.BufferReader` over a jsonl experience file.
 
     Reads sequentially; the position (line number) is the state. A line that does not parse is

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trinity.buffer.base import BufferExhausted
+from trinity.buffer.base import STEP_ENDED, TIMED_OUT, BufferExhausted, ReaderBase
 
 if TYPE_CHECKING:
     from trinity.experience import Experience
@@ -87,6 +87,7 @@ class QueueActor:
         self._seq = itertools.count()
         self._cond = asyncio.Condition()
         self._writers: dict[str, bool] = {}
+        self._ended_steps: dict[str, int] = {}  # writer -> last step it has written in full
         self.dropped = 0
         self.duplicates = 0
         self.mirror = None
@@ -137,6 +138,18 @@ class QueueActor:
         """Record a writer (readers wait for all writers to finish before giving up)."""
         self._writers.setdefault(writer_id, False)
 
+    async def end_step(self, writer_id: str, step: int) -> None:
+        """Record that ``writer_id`` has put every experience of its steps up to ``step``,
+        and wake readers (a short batch may now be all there is)."""
+        async with self._cond:
+            self._writers.setdefault(writer_id, False)
+            self._ended_steps[writer_id] = step
+            self._cond.notify_all()
+
+    def _steps_ended(self, step: int) -> bool:
+        open_writers = [w for w, done in self._writers.items() if not done]
+        return bool(self._writers) and all(self._ended_steps.get(w, -1) >= step for w in open_writers)
+
     async def finish_writer(self, writer_id: str) -> None:
         """Mark a writer done and wake readers (they may now see the end)."""
         async with self._cond:
@@ -178,22 +191,34 @@ class QueueActor:
         return bool(self._writers) and all(self._writers.values()) and self._size() == 0
 
     async def get(
-        self, n: int, timeout: float | None, reader_id: str | None = None, read_seq: int | None = None
-    ) -> list[bytes] | None:
-        """Up to ``n`` blobs, waiting at most ``timeout`` seconds for a full batch;
-        ``None`` when every writer finished and nothing is left. ``reader_id``/``read_seq``
-        are recorded in the SQL mirror (see :meth:`release`)."""
+        self,
+        n: int,
+        timeout: float | None,
+        reader_id: str | None = None,
+        read_seq: int | None = None,
+        until_step: int | None = None,
+    ) -> tuple[list[bytes], str | None] | None:
+        """``(blobs, short_reason)``: up to ``n`` blobs, waiting for a full batch until every
+        writer has ended step ``until_step`` (if given) or ``timeout`` seconds pass;
+        ``short_reason`` says which (``None`` for a full batch). ``None`` when every writer
+        finished and nothing is left. ``reader_id``/``read_seq`` are recorded in the SQL
+        mirror (see :meth:`release`)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         out: list[tuple[int | None, bytes, int, int]] = []
+        reason = None
         async with self._cond:
             while True:
                 out.extend(self._pop(n - len(out)))
                 self._cond.notify_all()  # wake writers waiting for room
-                if len(out) >= n or self._exhausted():
+                if len(out) >= n:
+                    break
+                if self._exhausted() or (until_step is not None and self._steps_ended(until_step)):
+                    reason = STEP_ENDED
                     break
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
+                    reason = TIMED_OUT
                     break
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._cond.wait(), remaining)
@@ -206,7 +231,7 @@ class QueueActor:
             )
         if self.priority and self.reuse_cooldown_time is not None and out:
             asyncio.get_running_loop().create_task(self._reinsert_later(out))
-        return [blob for _, blob, *_ in out]
+        return [blob for _, blob, *_ in out], reason
 
     async def release(self, reader_id: str, after_seq: int) -> int | None:
         """Queue again, ahead of everything else and in their original order, the rows that
@@ -235,6 +260,7 @@ class QueueActor:
             "duplicates": self.duplicates,
             "writers": len(self._writers),
             "finished_writers": sum(self._writers.values()),
+            "ended_steps": dict(self._ended_steps),
         }
 
 
@@ -287,9 +313,10 @@ def kill_queue_actor(name: str, namespace: str | None = None) -> bool:
 
 
 class QueueWriter:
-    """:class:`~trinity.buffer.base.BufferWriter` for ``storage_type: queue``."""
+    """:class:`~trinity.buffer.base.BufferWriter` for ``storage_type: queue``; ``run``
+    prefixes the experience ids as in :class:`~trinity.buffer.sql_io.SQLWriter`."""
 
-    def __init__(self, actor: Any, name: str = "queue") -> None:
+    def __init__(self, actor: Any, name: str = "queue", run: str | None = None) -> None:
         import uuid
 
         from trinity.buffer.sql import SQLStorage
@@ -298,6 +325,7 @@ class QueueWriter:
         self._writer_id = uuid.uuid4().hex
         # Only used for its row layout (no database is opened).
         self._layout = SQLStorage("sqlite://", name)
+        self.run = run
         self._registered = False
         self.written = 0
         self.duplicates = 0
@@ -313,14 +341,24 @@ class QueueWriter:
         """Hand ``experiences`` to the queue actor (blocks while a FIFO queue is full)."""
         import ray
 
+        from trinity.buffer.sql_io import run_uids
+
         self._register()
-        result = ray.get(self.actor.put.remote(self._layout.rows_for(experiences, self._writer_id)))
+        rows = self._layout.rows_for(experiences, self._writer_id, run_uids(self.run, experiences))
+        result = ray.get(self.actor.put.remote(rows))
         self.written += len(experiences) - result["skipped"]
         self.duplicates += result["skipped"]
 
     def metrics(self) -> dict[str, float]:
         """Experiences stored, and duplicates skipped (by the SQL mirror), by this writer."""
         return {"buffer/written": float(self.written), "buffer/duplicates_skipped": float(self.duplicates)}
+
+    def end_step(self, step: int) -> None:
+        """Tell readers every experience of this writer's steps up to ``step`` is queued."""
+        import ray
+
+        self._register()
+        ray.get(self.actor.end_step.remote(self._writer_id, step))
 
     def finish(self) -> None:
         """Tell readers this writer is done."""
@@ -330,7 +368,7 @@ class QueueWriter:
         ray.get(self.actor.finish_writer.remote(self._writer_id))
 
 
-class QueueReader:
+class QueueReader(ReaderBase):
     """:class:`~trinity.buffer.base.BufferReader` for ``storage_type: queue``.
 
     ``read`` waits up to ``timeout`` (default ``max_read_timeout``) for a full batch, then
@@ -357,9 +395,12 @@ class QueueReader:
 
         timeout = self.max_read_timeout if timeout is None else timeout
         self.read_seq += 1
-        blobs = ray.get(self.actor.get.remote(batch_size, timeout, self.reader_id, self.read_seq))
-        if blobs is None:
+        got = ray.get(
+            self.actor.get.remote(batch_size, timeout, self.reader_id, self.read_seq, self.expected_step)
+        )
+        if got is None:
             raise BufferExhausted(f"queue buffer {self.name!r}: all writers finished")
+        blobs, self.short_reason = got
         self.rows_read += len(blobs)
         return [Experience.deserialize(b) for b in blobs]
 

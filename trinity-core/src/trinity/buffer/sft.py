@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from trinity.buffer.base import BufferExhausted
+from trinity.buffer.base import BufferExhausted, ReaderBase
 from trinity.buffer.dataset import DatasetError, load_rows
 from trinity.buffer.selector import Selector
 from trinity.buffer.taskset import check_messages
@@ -172,7 +172,7 @@ def dpo_experience(row: Any, fmt: FormatConfig, chat: ChatTokenizer) -> Experien
     )
 
 
-class SFTDatasetReader:
+class SFTDatasetReader(ReaderBase):
     """:class:`~trinity.buffer.base.BufferReader` over an SFT or DPO dataset (file storage).
 
     Rows are tokenised once at construction; unusable rows are skipped, logged with their file

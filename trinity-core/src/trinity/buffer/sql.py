@@ -16,6 +16,12 @@ reader/writer objects the trainer and explorer use in :mod:`trinity.buffer.sql_i
 - **Resume**: a claim records the reader and its read sequence number, so a trainer restarted
   from a checkpoint can give back the rows it consumed after that checkpoint
   (:meth:`SQLStorage.release`): those were trained on by steps whose weights were lost.
+- **Steps**: a writer records the last step whose experiences it has all written
+  (``end_step``); a reader expecting that step stops waiting for a full batch once every
+  writer has ended it and nothing is unread (tasks that failed leave the batch short).
+- **Runs**: a writer prefixes its uids with its run (``<project>/<name>[/<stage>]:``), so a new
+  run never collides with the ids of an earlier one; :meth:`SQLStorage.unread_of_other_runs`
+  lets a new run refuse a buffer whose unread rows another run left.
 - **End**: writers register in ``<table>_writers``; when every registered writer has called
   ``finish()`` and no unread row is left, readers raise :class:`BufferExhausted`.
 """
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from trinity.buffer.sql_io import SQLReader, SQLWriter
 from trinity.buffer.sql_schema import (
     RowInserter,
+    add_writer_columns,
     check_columns,
     create_sql_engine,
     define_tables,
@@ -127,6 +134,7 @@ class SQLStorage:
                     raise
                 time.sleep(0.05 * (attempt + 1))
         check_columns(engine, tables[0], self.url)
+        add_writer_columns(engine, tables[2])
         self._tables = tables
         self._inserter = RowInserter(tables[0], tables[1], engine.dialect)
         self._engine, self._pid = engine, os.getpid()
@@ -168,6 +176,34 @@ class SQLStorage:
                 .where(self.writers.c.writer_id == writer_id)
                 .values(finished_at=time.time())
             )
+
+    def end_step(self, writer_id: str, step: int) -> None:
+        """Record that ``writer_id`` has written every experience of its steps up to ``step``
+        (a writer's steps only go up)."""
+        w = self.writers
+        with self.engine.begin() as conn:
+            conn.execute(w.update().where(w.c.writer_id == writer_id).values(ended_step=step))
+
+    def steps_ended(self, step: int) -> bool:
+        """True when writers are registered and each one still writing has ended ``step``."""
+        import sqlalchemy as sa
+
+        w = self.writers
+        behind = (w.c.finished_at.is_(None)) & (w.c.ended_step.is_(None) | (w.c.ended_step < step))
+        with self.engine.connect().execution_options(read_only=True) as conn:
+            writers = conn.execute(sa.select(sa.func.count()).select_from(w)).scalar_one()
+            lagging = conn.execute(sa.select(sa.func.count()).select_from(w).where(behind)).scalar_one()
+        return writers > 0 and lagging == 0
+
+    def unread_of_other_runs(self, run: str) -> tuple[int, str | None]:
+        """``(count, one uid)`` of the unread rows not written by run ``run`` (uid prefix)."""
+        import sqlalchemy as sa
+
+        t = self.table
+        other = unread_clause(t) & ~t.c.uid.startswith(f"{run}:", autoescape=True)
+        with self.engine.connect().execution_options(read_only=True) as conn:
+            count, example = conn.execute(sa.select(sa.func.count(), sa.func.min(t.c.uid)).where(other)).one()
+        return int(count), example
 
     def rows_for(
         self,
@@ -223,7 +259,12 @@ class SQLStorage:
             first = (conn.execute(sa.select(sa.func.max(t.c.id))).scalar() or 0) + 1
         return self._inserter.insert(conn, rows, [row["blob"] for row in rows], first)
 
-    def write(self, experiences: Sequence[Experience], writer_id: str | None = None) -> int:
+    def write(
+        self,
+        experiences: Sequence[Experience],
+        writer_id: str | None = None,
+        uids: Sequence[str] | None = None,
+    ) -> int:
         """Append ``experiences`` in one transaction (after a crash: all stored or none).
 
         Returns how many were stored; the others had a ``uid`` that was stored already.
@@ -231,7 +272,7 @@ class SQLStorage:
         if not experiences:
             return 0
         # Serialised before the transaction: the write lock is held only for the inserts.
-        rows = self.rows_for(experiences, writer_id)
+        rows = self.rows_for(experiences, writer_id, uids)
         with self.engine.begin() as conn:
             return len(self._insert(conn, rows))
 

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trinity.buffer.base import BufferExhausted
+from trinity.buffer.base import STEP_ENDED, TIMED_OUT, BufferExhausted, ReaderBase
 
 if TYPE_CHECKING:
     from trinity.buffer.sql import SQLStorage
@@ -18,25 +18,40 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def run_uids(run: str | None, experiences: Sequence[Experience]) -> list[str] | None:
+    """The stored ids of ``experiences`` written by run ``run``: ``<run>:<eid.uid>``, so two
+    runs sharing a buffer never collide (``None``: no run, plain ``eid.uid``)."""
+    from trinity.buffer.sql import _unique_uids
+
+    if run is None:
+        return None
+    return [f"{run}:{uid}" for uid in _unique_uids(experiences)]
+
+
 class SQLWriter:
     """:class:`~trinity.buffer.base.BufferWriter` for ``storage_type: sql``.
 
-    Experiences whose ``eid.uid`` is stored already (an explorer step redone after a crash,
-    before the explorer saved its position) are skipped, counted in :meth:`metrics` and
-    reported in one log line per write.
+    Experiences whose id is stored already (an explorer step redone after a crash, before
+    the explorer saved its position) are skipped, counted in :meth:`metrics` and reported in
+    one log line per write. ``run`` (the job's run, see :func:`run_uids`) prefixes the ids.
     """
 
-    def __init__(self, storage: SQLStorage) -> None:
+    def __init__(self, storage: SQLStorage, run: str | None = None) -> None:
         self.storage = storage
+        self.run = run
         self._writer_id: str | None = None
         self.written = 0
         self.duplicates = 0
 
-    def write(self, experiences: Sequence[Experience]) -> None:
-        """Store ``experiences`` in one transaction."""
+    def _register(self) -> str:
         if self._writer_id is None:
             self._writer_id = self.storage.register_writer()
-        stored = self.storage.write(experiences, self._writer_id)
+        return self._writer_id
+
+    def write(self, experiences: Sequence[Experience]) -> None:
+        """Store ``experiences`` in one transaction."""
+        writer_id = self._register()
+        stored = self.storage.write(experiences, writer_id, run_uids(self.run, experiences))
         skipped = len(experiences) - stored
         self.written += stored
         if skipped:
@@ -50,22 +65,25 @@ class SQLWriter:
                 experiences[0].eid.uid,
             )
 
+    def end_step(self, step: int) -> None:
+        """Tell readers every experience of this writer's steps up to ``step`` is stored."""
+        self.storage.end_step(self._register(), step)
+
     def finish(self) -> None:
         """Tell readers this writer is done (registers it first if it never wrote)."""
-        if self._writer_id is None:
-            self._writer_id = self.storage.register_writer()
-        self.storage.finish_writer(self._writer_id)
+        self.storage.finish_writer(self._register())
 
     def metrics(self) -> dict[str, float]:
         """Experiences stored, and duplicates skipped, by this writer so far."""
         return {"buffer/written": float(self.written), "buffer/duplicates_skipped": float(self.duplicates)}
 
 
-class SQLReader:
+class SQLReader(ReaderBase):
     """:class:`~trinity.buffer.base.BufferReader` for ``storage_type: sql``.
 
     ``read`` polls the table (backing off up to ``poll_interval`` seconds) until ``batch_size``
-    rows are claimed or ``timeout`` (default ``max_read_timeout``) passes.
+    rows are claimed, or the writers ended the step given to :meth:`expect_step` and no row is
+    left unread, or ``timeout`` (default ``max_read_timeout``) passes.
 
     Every ``read`` call has a sequence number, stored with the rows it claims together with
     this reader's id (and the trainer step given to :meth:`set_step`). :meth:`state_dict`
@@ -105,7 +123,8 @@ class SQLReader:
         self.read_seq += 1
         got: list[tuple[int, bytes]] = []
         wait = 0.005
-        while True:
+
+        def claim() -> None:
             got.extend(
                 self.storage.claim(
                     batch_size - len(got),
@@ -115,13 +134,26 @@ class SQLReader:
                     step=self.step,
                 )
             )
+
+        while True:
+            claim()
             if len(got) >= batch_size:
+                self.short_reason = None
                 break
             if not got and self.storage.exhausted():
                 raise BufferExhausted(f"SQL buffer {self.storage.table_name!r}: all writers finished")
             if got and self.storage.exhausted():
+                self.short_reason = STEP_ENDED  # the last batch of a finished buffer
+                break
+            step = self.expected_step
+            if step is not None and self.storage.steps_ended(step):
+                # Rows are written before their step is ended: one more claim takes any that
+                # came since the last one, and then nothing of the expected steps is left.
+                claim()
+                self.short_reason = None if len(got) >= batch_size else STEP_ENDED
                 break
             if deadline is not None and time.monotonic() >= deadline:
+                self.short_reason = TIMED_OUT
                 break
             pause = wait if deadline is None else min(wait, max(0.0, deadline - time.monotonic()))
             time.sleep(pause)

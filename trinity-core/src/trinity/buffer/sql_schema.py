@@ -8,8 +8,8 @@ Each buffer ``<name>`` has three tables:
   who read it when: ``reader_id``, ``read_seq``, ``consumed_step``);
 - ``<name>_blobs``: ``id -> Experience.serialize()``. Apart so that claiming a row rewrites a
   ~100-byte record, not the whole multi-kilobyte experience;
-- ``<name>_writers``: registered writers and whether they finished (readers use it to tell
-  "nothing yet" from "nothing more").
+- ``<name>_writers``: registered writers, the last step each has ended (``ended_step``) and
+  whether they finished (readers use it to tell "nothing yet" from "nothing more").
 
 SQLite and PostgreSQL are the databases with a tuned branch (``ON CONFLICT DO NOTHING``,
 ``FOR UPDATE SKIP LOCKED``); any other SQLAlchemy database with ``INSERT ... RETURNING`` works
@@ -144,6 +144,8 @@ def define_tables(metadata: sa.MetaData, table: str) -> tuple[sa.Table, sa.Table
         sa.Column("started_at", sa.Float, nullable=False),
         sa.Column("finished_at", sa.Float, nullable=True),
         sa.Column("pid", sa.Integer, nullable=True),
+        # The writer's last step whose experiences are all written (BufferWriter.end_step).
+        sa.Column("ended_step", sa.Integer, nullable=True),
     )
     return experiences, blobs, writers
 
@@ -168,6 +170,18 @@ def check_columns(engine: sa.Engine, table: sa.Table, url: str) -> None:
             f"(no column {', '.join(missing)}). Point the buffer at a new database file or "
             "another buffer name; the old rows stay readable with `trinity buffer show`."
         )
+
+
+def add_writer_columns(engine: sa.Engine, writers: sa.Table) -> None:
+    """Add ``ended_step`` to a writers table made before it existed (a nullable column, so
+    old rows stay valid: a writer that never ended a step)."""
+    import sqlalchemy as sa
+
+    have = {c["name"] for c in sa.inspect(engine).get_columns(writers.name)}
+    if "ended_step" not in have:
+        quoted = engine.dialect.identifier_preparer.quote(writers.name)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD COLUMN ended_step INTEGER")
 
 
 # What a writer stores; the read-state columns start out NULL.

@@ -17,6 +17,7 @@ engine, and :meth:`Explorer.receive_weights` has them receive a broadcast from t
 from __future__ import annotations
 
 import logging
+import math
 import re
 import statistics
 import time
@@ -25,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trinity.explorer.runner import RunnerPool, TaskResult, summarize_results
+from trinity.explorer.runner import RunnerPool, TaskResult, failure_report, summarize_results
 
 if TYPE_CHECKING:
     from trinity.buffer.base import BufferWriter
@@ -36,22 +37,38 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Key of the one-line failure report in a step's metrics (a string, so monitors skip it).
+FAILURES_KEY = "rollout/failures"
+
 
 def _stats(prefix: str, values: list[float]) -> dict[str, float]:
+    """Mean, std, max and min of the finite ``values`` (plain floats: ``statistics.pstdev``
+    goes through exact fractions and fails on NaN or infinity)."""
+    values = [v for v in values if math.isfinite(v)]
     if not values:
         return {}
+    mean = math.fsum(values) / len(values)
     return {
-        f"{prefix}_mean": statistics.fmean(values),
-        f"{prefix}_std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+        f"{prefix}_mean": mean,
+        f"{prefix}_std": math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values)),
         f"{prefix}_max": max(values),
         f"{prefix}_min": min(values),
     }
 
 
+def _as_float(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 def rollout_metrics(
     experiences: list[Experience], seconds: float, prefix: str = "rollout"
 ) -> dict[str, float]:
-    """Reward and length statistics, throughput, and the mean of every workflow metric."""
+    """Reward and length statistics, throughput, and the mean of every workflow metric
+    (values that are not finite numbers are left out)."""
     rewards = [float(e.reward) for e in experiences if e.reward is not None]
     out = {
         f"{prefix}/num_experiences": float(len(experiences)),
@@ -65,9 +82,11 @@ def rollout_metrics(
     per_name: dict[str, list[float]] = defaultdict(list)
     for e in experiences:
         for name, value in (e.metrics or {}).items():
-            per_name[name].append(float(value))
+            number = _as_float(value)
+            if number is not None:
+                per_name[name].append(number)
     for name, values in per_name.items():
-        out.setdefault(f"{prefix}/{name}", statistics.fmean(values))
+        out.setdefault(f"{prefix}/{name}", math.fsum(values) / len(values))
     return out
 
 
@@ -86,7 +105,7 @@ def accuracy_metrics(results: list[TaskResult], prefix: str) -> dict[str, float]
         k = max(k, r.task.repeat_times)
         runs: dict[int, list[float]] = defaultdict(list)
         for e in r.experiences:
-            runs[e.eid.run].append(float(e.metrics.get("accuracy", e.reward or 0.0)))
+            runs[e.eid.run].append(_as_float(e.metrics.get("accuracy", e.reward or 0.0)) or 0.0)
         per_task.append([max(v) for v in runs.values()])  # multi-step runs: the best step
     if not per_task:
         return {}
@@ -165,11 +184,11 @@ class Explorer:
     @property
     def writer(self) -> BufferWriter:
         if self._writer is None:
-            from trinity.buffer.factory import get_buffer_writer
+            from trinity.buffer.factory import get_buffer_writer, run_name
 
             buffer = self.config.buffer
             self._writer = get_buffer_writer(
-                buffer.trainer_input.experience_buffer, cache_dir=buffer.cache_dir
+                buffer.trainer_input.experience_buffer, cache_dir=buffer.cache_dir, run=run_name(self.config)
             )
         return self._writer
 
@@ -187,9 +206,10 @@ class Explorer:
 
     # -- explore ---------------------------------------------------------------------------
 
-    def explore_step(self) -> dict[str, float] | None:
+    def explore_step(self) -> dict[str, Any] | None:
         """Run one batch of training tasks; ``None`` (and the writer finished) when the
-        tasksets are exhausted."""
+        tasksets are exhausted. The metrics are numbers, but for :data:`FAILURES_KEY`: one line
+        about failed, timed-out and empty tasks when there were any."""
         from trinity.buffer.base import BufferExhausted
 
         if self.finished:
@@ -209,9 +229,15 @@ class Explorer:
         experiences = self._stamp(results, step)
         if experiences:
             self.writer.write(experiences)
+        # Readers waiting for a full batch learn that this step will bring no more (tasks that
+        # failed or were dropped): the trainer trains on what arrived instead of waiting.
+        self.writer.end_step(step)
         end = time.monotonic()
         self.explore_step_num = step
-        metrics = {
+        report = failure_report(results)
+        if report:
+            logger.warning("explore step %d: %s", step, report)
+        metrics: dict[str, Any] = {
             **rollout_metrics(experiences, run_done - read_done),
             **summarize_results(results),
             "rollout/num_tasks": float(len(tasks)),
@@ -225,6 +251,8 @@ class Explorer:
             metrics.update(self.taskset_reader.metrics())
         if hasattr(self.writer, "metrics"):  # written / duplicates skipped (redone steps)
             metrics.update(self.writer.metrics())
+        if report:
+            metrics[FAILURES_KEY] = report  # a string: printed by the launcher, not plotted
         return metrics
 
     def _stamp(self, results: list[TaskResult], step: int | str) -> list[Experience]:
@@ -283,6 +311,9 @@ class Explorer:
             metrics.update(accuracy_metrics(results, prefix))
             metrics.update(summarize_results(results, prefix))
             metrics[f"timing/eval/{reader.name}"] = seconds
+        # The weights evaluated (the trainer step they come from), so a plotted eval says
+        # which model it measured.
+        metrics["eval/model_version"] = float(self.model_version)
         return metrics
 
     def bench(self, checkpoint_dir: str | Path | None = None) -> dict[int, dict[str, float]]:

@@ -9,9 +9,12 @@ sync ones in their own threads). For each task a runner:
 - produces ``task.repeat_times`` rollouts: one call when the workflow ``can_repeat``,
   otherwise one run per repeat, each with its own ``eid.run``;
 - gives the whole task ``max_timeout`` seconds, and retries it ``max_retry_times`` times when
-  it raises, times out or returns something that is not a list of Experiences. After that the
-  task is skipped: the step goes on, the failure is logged with the task id and traceback, and
-  counted (``rollout/failed_tasks``).
+  it raises, times out or returns something that is not a list. After that the task is
+  skipped: the step goes on, the failure is logged with the task id and traceback, and
+  counted (``rollout/failed_tasks``);
+- checks each returned item: one that is not an Experience, or whose reward is NaN or
+  infinite, is dropped, logged and counted (``rollout/dropped_experiences``); a task left with
+  no experience is logged and counted as empty (``rollout/empty_tasks``).
 
 A hung synchronous workflow cannot be killed from Python: its thread is a daemon that is
 abandoned (it never blocks process exit), and its workflow instance is never reused.
@@ -20,11 +23,14 @@ abandoned (it never blocks process exit), and its workflow instance is never reu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import os
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 
 class WorkflowOutputError(TypeError):
-    """A workflow returned something other than a list of Experiences."""
+    """A workflow returned something other than a list."""
 
 
 def task_id(task: Task) -> str:
@@ -56,20 +62,68 @@ class TaskResult:
     attempts: int = 0
     timed_out: bool = False
     seconds: float = 0.0
+    # Items of the workflow's output that were dropped, by reason ("not an Experience", ...).
+    dropped: Counter[str] = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def empty(self) -> bool:
+        """The task ran, but left no experience (it returned none, or all were dropped)."""
+        return self.ok and not self.experiences
 
-def _check_output(output: Any, workflow: Workflow) -> list[Experience]:
-    if not isinstance(output, (list, tuple)) or not all(isinstance(e, Experience) for e in output):
-        shown = repr(output)
-        shown = shown if len(shown) < 200 else shown[:200] + "..."
+    @property
+    def first_error_line(self) -> str:
+        """The error's last line (``ValueError: ...``), for one-line reports."""
+        lines = [line for line in (self.error or "").strip().splitlines() if line.strip()]
+        return lines[-1].strip() if lines else ""
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a hostile __repr__ must not fail the task
+        text = f"<{type(value).__name__}: repr failed: {type(exc).__name__}>"
+    return text if len(text) < 200 else text[:200] + "..."
+
+
+def _check_output(output: Any, workflow: Workflow) -> list[Any]:
+    if not isinstance(output, (list, tuple)):
         raise WorkflowOutputError(
-            f"workflow {type(workflow).__name__} returned {shown}; run() must return a list of Experience"
+            f"workflow {type(workflow).__name__} returned {_shown(output)}; "
+            "run() must return a list of Experience"
         )
     return list(output)
+
+
+def _drop_reason(item: Any) -> str | None:
+    """Why one item of a workflow's output cannot be trained on, or ``None``."""
+    if not isinstance(item, Experience):
+        return "not an Experience"
+    reward = item.reward
+    if reward is not None:
+        try:
+            if not math.isfinite(float(reward)):
+                return "non-finite reward"
+        except (TypeError, ValueError):
+            return "reward is not a number"
+    return None
+
+
+def _keep_valid(task: Task, items: list[Any], dropped: Counter[str]) -> list[Experience]:
+    """The Experiences among ``items``; the others are counted in ``dropped`` and logged."""
+    kept = []
+    for item in items:
+        why = _drop_reason(item)
+        if why is None:
+            kept.append(item)
+            continue
+        dropped[why] += 1
+        detail = f"reward {item.reward!r}" if isinstance(item, Experience) else _shown(item)
+        logger.warning("task %s: dropped one result (%s): %s", task_id(task), why, detail)
+    return kept
 
 
 async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
@@ -83,11 +137,13 @@ async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
 
     def target() -> None:
         try:
-            result = fn()
+            outcome: tuple[Callable[[Any], None], Any] = (future.set_result, fn())
         except BaseException as exc:
-            loop.call_soon_threadsafe(deliver, future.set_exception, exc)
-        else:
-            loop.call_soon_threadsafe(deliver, future.set_result, result)
+            outcome = (future.set_exception, exc)
+        # An abandoned (timed-out) thread may finish after its event loop closed: nobody
+        # waits for the result any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(deliver, *outcome)
 
     threading.Thread(target=target, name="trinity-workflow", daemon=True).start()
     return await future
@@ -121,42 +177,46 @@ class WorkflowRunner:
         self._workflow = workflow if workflow.can_reset else None
         return workflow
 
-    async def _call(self, workflow: Workflow) -> list[Experience]:
+    async def _call(self, workflow: Workflow) -> list[Any]:
         if workflow.is_async:
             return _check_output(await workflow.run_async(), workflow)
         return _check_output(await _in_daemon_thread(workflow.run), workflow)
 
-    async def _attempt(self, task: Task) -> list[Experience]:
+    async def _attempt(self, task: Task) -> list[Any]:
+        """One try at ``task``: the workflow's items (checked by :func:`_keep_valid` after)."""
         repeat = max(1, task.repeat_times)
         workflow = self._workflow_for(task)
         if workflow.can_repeat:
             workflow.set_repeat_times(repeat, 0)
-            experiences = await self._call(workflow)
-            if len(experiences) == repeat and all(e.eid.run == 0 for e in experiences):
-                for run, exp in enumerate(experiences):  # one experience per rollout: number them
+            items = await self._call(workflow)
+            runs = [getattr(getattr(e, "eid", None), "run", None) for e in items]
+            if len(items) == repeat and all(isinstance(e, Experience) for e in items) and set(runs) == {0}:
+                for run, exp in enumerate(items):  # one experience per rollout: number them
                     exp.eid.run = run
-            return experiences
-        experiences = []
+            return items
+        items = []
         for run in range(repeat):
             if run > 0:
                 workflow = self._workflow_for(task)
             workflow.set_repeat_times(1, run)
-            for exp in await self._call(workflow):
-                exp.eid.run = run
-                experiences.append(exp)
-        return experiences
+            for item in await self._call(workflow):
+                if isinstance(item, Experience):
+                    item.eid.run = run
+                items.append(item)
+        return items
 
     async def run_task(self, task: Task) -> TaskResult:
         """Run ``task`` with timeout and retries; never raises for a workflow's fault."""
         result = TaskResult(task)
         start = time.monotonic()
+        items: list[Any] = []
         for attempt in range(1, self.max_retry_times + 2):
             result.attempts = attempt
             seed_calls = getattr(self.model, "seed_calls", None)
             if seed_calls is not None:  # the task's samples depend on the task, not on timing
                 seed_calls(f"{task_id(task)}/v{self.model.model_version}/attempt{attempt}")
             try:
-                result.experiences = await asyncio.wait_for(self._attempt(task), self.max_timeout)
+                items = await asyncio.wait_for(self._attempt(task), self.max_timeout)
                 result.error = None
                 break
             except asyncio.TimeoutError:
@@ -177,6 +237,14 @@ class WorkflowRunner:
                 "; skipping it" if last else "; retrying",
                 result.error,
             )
+        if result.ok:
+            result.experiences = _keep_valid(task, items, result.dropped)
+            if not result.experiences:
+                logger.warning(
+                    "task %s gave no experience to train on (%s)",
+                    task_id(task),
+                    "workflow returned an empty list" if not items else f"all {len(items)} results dropped",
+                )
         result.seconds = time.monotonic() - start
         return result
 
@@ -250,9 +318,41 @@ def _as_list(entry: Any, what: str) -> list[Any]:
 
 
 def summarize_results(results: list[TaskResult], prefix: str = "rollout") -> dict[str, float]:
-    """Failure counters of a step: ``<prefix>/failed_tasks``, ``timeout_tasks``, ``retried_tasks``."""
+    """Failure counters of a step: ``<prefix>/failed_tasks``, ``timeout_tasks``,
+    ``retried_tasks``, ``empty_tasks`` (ran, no experience left) and ``dropped_experiences``."""
     return {
         f"{prefix}/failed_tasks": float(sum(not r.ok for r in results)),
         f"{prefix}/timeout_tasks": float(sum(r.timed_out and not r.ok for r in results)),
         f"{prefix}/retried_tasks": float(sum(r.attempts > 1 for r in results)),
+        f"{prefix}/empty_tasks": float(sum(r.empty for r in results)),
+        f"{prefix}/dropped_experiences": float(sum(sum(r.dropped.values()) for r in results)),
     }
+
+
+def failure_report(results: list[TaskResult]) -> str | None:
+    """One line about a step's failed, timed-out and empty tasks, naming the first error with
+    its task id; ``None`` when every task gave experiences."""
+    failed = [r for r in results if not r.ok]
+    empty = [r for r in results if r.empty]
+    dropped = sum(sum(r.dropped.values()) for r in results)
+    if not failed and not empty and not dropped:
+        return None
+    timed_out = sum(r.timed_out for r in failed)
+    parts = [f"{len(failed)} of {len(results)} tasks failed"]
+    if timed_out:
+        parts[0] += f" ({timed_out} timed out)"
+    if empty:
+        parts.append(f"{len(empty)} gave no experience")
+    if dropped:
+        reasons = Counter()
+        for r in results:
+            reasons.update(r.dropped)
+        parts.append(
+            f"{dropped} results dropped (" + ", ".join(f"{n} {why}" for why, n in reasons.most_common()) + ")"
+        )
+    line = ", ".join(parts)
+    if failed:
+        line += f"; first: {task_id(failed[0].task)}: {failed[0].first_error_line}"
+    elif empty:
+        line += f"; first: {task_id(empty[0].task)}"
+    return line

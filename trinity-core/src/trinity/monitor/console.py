@@ -9,8 +9,9 @@ from typing import Any, TextIO
 
 from trinity.monitor.base import Monitor, scalar_metrics
 
-# Shown as "reward" / "loss": the first of these names present in a step's metrics.
-REWARD_KEYS = ("critic/score/mean", "rollout/reward/mean", "rollout/score/mean", "eval/reward/mean")
+# Shown as "reward" / "loss": the first of these names present in a step's metrics (the
+# trainer reports critic/score/mean, the explorer rollout/reward_mean).
+REWARD_KEYS = ("critic/score/mean", "rollout/reward_mean")
 LOSS_KEYS = ("actor/loss", "actor/pg_loss", "actor/sft_loss", "actor/dpo_loss", "critic/vf_loss")
 
 

@@ -5,17 +5,29 @@ step; this class decides *which* experiences (through the algorithm's sample str
 the experience buffer and auxiliary buffers), counts steps, saves checkpoints every
 ``trainer.save_interval`` steps together with the buffer readers' and the sample strategy's
 state, and restores all of it when ``continue_from_checkpoint`` is set.
+
+Trainer step ``t`` trains on the experiences of the explorer's steps up to the one that
+completes ``t * train_batch_size`` experiences (step ``t`` itself when one explorer step makes
+one batch). When tasks of those steps failed, it trains on what arrived once the explorer ended
+them; when none arrived it is an *empty step*: counted (``trainer/empty_step``), the weights
+unchanged, so trainer and explorer steps stay aligned. Waiting longer than the buffer's
+``max_read_timeout`` with nothing read is an error (:class:`ExperienceTimeout`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trinity.config import Config
 
 logger = logging.getLogger(__name__)
+
+
+class ExperienceTimeout(RuntimeError):
+    """The trainer waited the buffer's ``max_read_timeout`` and no experience came."""
 
 
 def _build_backend(config: Config) -> Any:
@@ -67,6 +79,9 @@ class Trainer:
             train_batch_size=config.buffer.train_batch_size,
             **(algo.sample_strategy_args or {}),
         )
+        # Explorer steps that make one training batch (1 when train_batch_size is the default).
+        per_explore_step = max(1, config.buffer.batch_size * config.algorithm.repeat_times)
+        self.explore_steps_per_batch = config.buffer.train_batch_size / per_explore_step
         self.last_saved_step = -1
         if config.continue_from_checkpoint:
             extra = self.backend.load_checkpoint()
@@ -80,13 +95,18 @@ class Trainer:
         return self.backend.global_step
 
     def train_step(self) -> dict[str, float] | None:
-        """Sample one batch and train on it; ``None`` when no more experiences will come."""
-        from trinity.buffer.base import BufferExhausted
+        """Sample one batch and train on it; ``None`` when no more experiences will come.
+
+        Raises :class:`ExperienceTimeout` when nothing arrived within ``max_read_timeout``.
+        """
+        from trinity.buffer.base import TIMED_OUT, BufferExhausted
 
         next_step = self.step + 1
-        if hasattr(self.experience_reader, "set_step"):
+        reader = self.experience_reader
+        if hasattr(reader, "set_step"):
             # The SQL buffer records which step consumed each row (column consumed_step).
-            self.experience_reader.set_step(next_step)
+            reader.set_step(next_step)
+        reader.expect_step(math.ceil(next_step * self.explore_steps_per_batch - 1e-9))
         if hasattr(self.sample_strategy, "set_model_version"):
             self.sample_strategy.set_model_version(self.step)
         try:
@@ -94,10 +114,47 @@ class Trainer:
         except BufferExhausted:
             logger.info("experience buffer exhausted after %d steps", self.step)
             return None
+        if not experiences and reader.short_reason == TIMED_OUT:
+            timeout = getattr(reader, "max_read_timeout", None)
+            raise ExperienceTimeout(
+                f"trainer step {next_step}: no experience arrived within "
+                f"buffer.trainer_input.experience_buffer.max_read_timeout ({timeout} s); "
+                "the explorer is slower than that, or stopped writing"
+            )
+        wanted = self.config.buffer.train_batch_size
         if not experiences:
-            return None
+            return self._empty_step(next_step)
+        if len(experiences) < wanted:
+            logger.warning(
+                "trainer step %d: training on %d of %d experiences (%s: the explorer's tasks "
+                "failed or were dropped)",
+                next_step,
+                len(experiences),
+                wanted,
+                reader.short_reason or "short sample",
+            )
         metrics = dict(self.backend.train_step(experiences))
         metrics.update({f"sample/{k}" if "/" not in k else k: v for k, v in sample_metrics.items()})
+        metrics["trainer/num_experiences"] = float(len(experiences))
+        metrics["trainer/empty_step"] = 0.0
+        return self._after_step(metrics)
+
+    def _empty_step(self, step: int) -> dict[str, float]:
+        """Step ``step`` without experiences: the explorer ended its steps with none (every
+        task failed). Counted; the weights stay as they are."""
+        logger.warning(
+            "trainer step %d: no experiences to train on (every task of the explorer's step "
+            "failed or was dropped); the weights stay unchanged",
+            step,
+        )
+        # Both back-ends count steps in a plain ``global_step``; advancing it keeps weight
+        # versions equal to explorer steps, which the synchroniser's schedule relies on.
+        self.backend.global_step = step
+        return self._after_step(
+            {"trainer/num_experiences": 0.0, "trainer/empty_step": 1.0, "training/global_step": float(step)}
+        )
+
+    def _after_step(self, metrics: dict[str, float]) -> dict[str, float]:
         interval = self.config.trainer.save_interval
         if interval and self.step % interval == 0:
             self.save_checkpoint()
