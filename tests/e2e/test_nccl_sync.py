@@ -104,7 +104,9 @@ def test_explorer_versions_advance_and_match_the_trainers_checkpoints(job):
         ).fetchall()
     by_batch: dict[int, set[int]] = {}
     for uid, version, _ in rows:
-        by_batch.setdefault(int(uid.split("/")[0]), set()).add(version)
+        run, eid = uid.split(":", 1)  # stored ids are <run>:<eid.uid>
+        assert run == "e2e/nccl"
+        by_batch.setdefault(int(eid.split("/")[0]), set()).add(version)
     # Strictly on-policy (sync_interval 1, offset 0): step b explores with the weights of step b-1.
     assert by_batch == {1: {0}, 2: {1}, 3: {2}}, by_batch
     # The logprobs the explorer recorded are those of the trainer's checkpoint of that version.
@@ -128,9 +130,11 @@ def test_after_the_final_sync_the_explorer_holds_the_final_checkpoint(job, probe
     scalars = read_scalars(job_dir / "monitor" / "tensorboard" / "explorer")
     versions = dict(scalars["eval/probe/probe_version"])
     probes = dict(scalars["eval/probe/probe_logprob"])
-    # The eval after step 2 ran on version 1; the final eval, after the final sync, on version 3.
-    assert versions == {2: 1.0, 3: 3.0}
-    expected = {step: probe_score(job_dir / f"global_step_{v}") for step, v in ((2, 1), (3, 3))}
+    # The eval due at step 2 ran on the weights of trainer step 2 (once they were synced); the
+    # final eval, after the final sync, on version 3.
+    assert versions == {2: 2.0, 3: 3.0}
+    assert dict(scalars["eval/model_version"]) == {2: 2.0, 3: 3.0}
+    expected = {step: probe_score(job_dir / f"global_step_{v}") for step, v in ((2, 2), (3, 3))}
     for step in (2, 3):
         assert probes[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-4), (step, probes, expected)
     # The probe tells the versions apart: training moved the weights.

@@ -195,8 +195,10 @@ def test_math_rewards_need_a_truth() -> None:
 
 
 @pytest.mark.parametrize("in_thread", [False, True], ids=["main-thread", "worker-thread"])
-def test_huge_exponent_is_cut_off_by_the_timeout(in_thread: bool) -> None:
-    """math-verify's own timeout only works in the main thread; runners use other threads."""
+def test_huge_exponent_is_cut_off_by_the_timeout(in_thread: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadline's signal only works in the main thread; runners use other threads."""
+    # 9^{9^{9}} is refused before evaluation (test_hostile_answers.py); switch that off here.
+    monkeypatch.setattr("trinity_math.verify.refusal_reason", lambda text, max_chars=0: None)
     fn = MathRewardFn(timeout_seconds=1)
     results: list[dict[str, float]] = []
 

@@ -12,8 +12,12 @@ metric), with the part names Trinity-RFT uses:
 * ``countdown_reward``   ``score``: 0 no equation, 0.1 an equation that is wrong, 1 correct.
 
 Truths may be plain answers, ``\\boxed{}`` solutions or GSM8K solutions (``... #### 72``).
-Equivalence is math-verify's; every comparison is bounded by ``timeout_seconds``, so a
-pathological answer scores 0 instead of hanging the runner.
+Equivalence is math-verify's. A hostile answer (an exponent tower such as ``9**9**9**9``, a
+huge number, deep nesting, overly long text: see :mod:`trinity_math.guard`) is refused before
+anything evaluates it, and every other comparison is bounded by ``timeout_seconds`` (1 s by
+default, for both parses and the comparison together). Either way the answer scores 0 (the
+reward's ``refusals`` / ``timeouts`` count them, and each is logged); nothing raises, and model
+output is never executed.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any
 from trinity.workflow import RewardFn
 from trinity_math.answers import extract_tag, last_boxed, reference_answer, think_is_well_formed
 from trinity_math.equation import EquationError, evaluate, numbers_used, parse_equation
-from trinity_math.verify import Verdict, math_equal
+from trinity_math.guard import MAX_ANSWER_CHARS, MAX_RESPONSE_CHARS
+from trinity_math.verify import DEFAULT_TIMEOUT_SECONDS, Verdict, math_equal
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +41,6 @@ logger = logging.getLogger(__name__)
 # whitespace; format_reward (after open-r1) wants each tag on its own line.
 MATH_FORMAT_PATTERN = r".*?<think>.*?</think>\s*<answer>.*?</answer>\s*$"
 STRICT_FORMAT_PATTERN = r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$"
-DEFAULT_TIMEOUT_SECONDS = 5.0
 
 
 def _require_truth(truth: str | None, reward: str) -> str:
@@ -49,13 +53,30 @@ def _require_truth(truth: str | None, reward: str) -> str:
 
 
 class _VerifyingReward(RewardFn):
-    """Shared plumbing: math-verify comparisons with a timeout, and a count of timeouts."""
+    """Shared plumbing: math-verify comparisons with a timeout; counts of refusals and timeouts."""
 
     timeout_seconds: float
     timeouts: int
+    refusals: int
 
-    def _equal(self, answer: str, truth: str) -> bool:
-        verdict: Verdict = math_equal(answer, truth, self.timeout_seconds)
+    def __init__(self, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+        self.timeout_seconds = timeout_seconds
+        self.timeouts = 0
+        self.refusals = 0
+
+    def _equal(self, answer: str, truth: str, max_chars: int = MAX_ANSWER_CHARS) -> bool:
+        verdict: Verdict = math_equal(answer, truth, self.timeout_seconds, max_chars)
+        if verdict.refused:
+            self.refusals += 1
+            # The first one is a warning; after that (a policy that learnt the trick) debug.
+            logger.log(
+                logging.WARNING if self.refusals == 1 else logging.DEBUG,
+                "%s: refused answer %.80r before evaluating it (%s); scored as wrong (%d refusals so far)",
+                type(self).__name__,
+                answer,
+                verdict.refused,
+                self.refusals,
+            )
         if verdict.timed_out:
             self.timeouts += 1
             logger.warning(
@@ -92,18 +113,17 @@ class AccuracyReward(_VerifyingReward):
     no tags are needed. Use it for models that answer in free text.
     """
 
-    def __init__(self, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
-        self.timeout_seconds = timeout_seconds
-        self.timeouts = 0
-
     def __call__(self, response: str, truth: str | None = None, **kwargs: Any) -> dict[str, float]:
         gold = reference_answer(_require_truth(truth, "accuracy_reward"))
         if not response.strip():
             return {"accuracy": 0.0}
         # Anchored in \boxed{} when there is one, so math-verify's extraction starts there.
         boxed = last_boxed(response)
-        answer = "\\boxed{" + boxed + "}" if boxed is not None else response
-        return {"accuracy": float(self._equal(answer, gold))}
+        if boxed is not None:
+            answer = "\\boxed{" + boxed + "}"
+            return {"accuracy": float(self._equal(answer, gold, MAX_ANSWER_CHARS + len(answer) - len(boxed)))}
+        # No box: the whole response is searched, up to a larger cap.
+        return {"accuracy": float(self._equal(response, gold, MAX_RESPONSE_CHARS))}
 
 
 class MathRewardFn(_VerifyingReward):
@@ -113,7 +133,7 @@ class MathRewardFn(_VerifyingReward):
         pattern: regex the whole response must match for the format bonus (default: a
             ``<think>…</think>`` block followed by an ``<answer>…</answer>`` block at the end).
         format_score: size of the bonus / penalty.
-        timeout_seconds: bound on each math-verify step.
+        timeout_seconds: bound on each comparison (both parses and the comparison together).
 
     A response without a complete ``<answer>…</answer>`` has accuracy 0, whatever it says.
     """
@@ -124,9 +144,8 @@ class MathRewardFn(_VerifyingReward):
         format_score: float = 0.1,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
+        super().__init__(timeout_seconds)
         self.format = FormatReward(pattern, format_score)
-        self.timeout_seconds = timeout_seconds
-        self.timeouts = 0
 
     def __call__(self, response: str, truth: str | None = None, **kwargs: Any) -> dict[str, float]:
         gold = reference_answer(_require_truth(truth, "math_reward"))
@@ -142,7 +161,7 @@ class MathBoxedRewardFn(_VerifyingReward):
         with_think: also require one well-formed ``<think>…</think>`` block; without it
             ``format_score`` is ``-format_score_coef``.
         format_score_coef: size of that penalty.
-        timeout_seconds: bound on each math-verify step.
+        timeout_seconds: bound on each comparison (both parses and the comparison together).
 
     ``with_think`` and ``format_score_coef`` may also be passed per call (as
     ``math_boxed_workflow`` does from its ``workflow_args``).
@@ -154,10 +173,9 @@ class MathBoxedRewardFn(_VerifyingReward):
         format_score_coef: float = 0.1,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
+        super().__init__(timeout_seconds)
         self.with_think = with_think
         self.format_score_coef = format_score_coef
-        self.timeout_seconds = timeout_seconds
-        self.timeouts = 0
 
     def __call__(
         self,
