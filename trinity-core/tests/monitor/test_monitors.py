@@ -7,8 +7,10 @@ import io
 import os
 
 import pytest
+import torch
 
 from trinity.config import Config
+from trinity.experience import Experience
 from trinity.monitor import get_monitors
 from trinity.monitor.console import ConsoleMonitor, format_eta
 
@@ -63,6 +65,15 @@ def test_console_plain_lines_when_not_a_tty():
     assert lines[0].startswith("[trainer] step 1/10 reward 0.2500 loss -0.1250 eta ")
     assert lines[1].startswith("[trainer] step 2/10 reward 0.5000 eta ")
     assert format_eta(3725) == "1:02:05" and format_eta(None) == "?"
+
+
+def test_console_shows_the_reward_of_the_explorers_own_metrics():
+    from trinity.explorer.explorer import rollout_metrics
+
+    metrics = rollout_metrics([Experience(tokens=torch.tensor([1, 2, 3]), prompt_length=2, reward=0.75)], 1.0)
+    out = io.StringIO()
+    ConsoleMonitor("explorer", total_steps=2, stream=out).log(metrics, 1)
+    assert out.getvalue().startswith("[explorer] step 1/2 reward 0.7500 eta ")
 
 
 def test_console_rich_progress_bar():

@@ -76,6 +76,8 @@ def test_unknown_component_lists_installed_and_suggests(plugin_manager):
     assert "Unknown policy_loss_fn 'mien'" in msg
     assert "Did you mean 'mine'?" in msg
     assert "Installed policy_loss_fns: mine." in msg
+    with pytest.raises(UnknownComponentError, match=r"Installed sample_strategies: \(none\)\."):
+        get_component("sample_strategy", "nope")
 
 
 def test_unknown_well_known_name_hints_distribution(plugin_manager):

@@ -88,6 +88,7 @@ class QueueActor:
         self._cond = asyncio.Condition()
         self._writers: dict[str, bool] = {}
         self._ended_steps: dict[str, int] = {}  # writer -> last step it has written in full
+        self._runs: dict[str, str | None] = {}  # writer -> the run it writes for
         self.dropped = 0
         self.duplicates = 0
         self.mirror = None
@@ -134,9 +135,17 @@ class QueueActor:
 
     # -- remote methods --------------------------------------------------------------------
 
-    def register_writer(self, writer_id: str) -> None:
-        """Record a writer (readers wait for all writers to finish before giving up)."""
-        self._writers.setdefault(writer_id, False)
+    async def register_writer(self, writer_id: str, run: str | None = None) -> None:
+        """Record a writer (readers wait for all writers to finish before giving up). A run
+        has one writer at a time: its earlier open writers (a killed explorer's) finish."""
+        async with self._cond:
+            if run is not None:
+                for other, other_run in self._runs.items():
+                    if other_run == run and other != writer_id:
+                        self._writers[other] = True
+            self._runs[writer_id] = run
+            self._writers.setdefault(writer_id, False)
+            self._cond.notify_all()
 
     async def end_step(self, writer_id: str, step: int) -> None:
         """Record that ``writer_id`` has put every experience of its steps up to ``step``,
@@ -334,7 +343,7 @@ class QueueWriter:
         import ray
 
         if not self._registered:
-            ray.get(self.actor.register_writer.remote(self._writer_id))
+            ray.get(self.actor.register_writer.remote(self._writer_id, self.run))
             self._registered = True
 
     def write(self, experiences: Sequence[Experience]) -> None:

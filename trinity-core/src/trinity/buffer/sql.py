@@ -159,12 +159,23 @@ class SQLStorage:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def register_writer(self) -> str:
-        """Record a new writer; returns its id (pass it to :meth:`finish_writer`)."""
+    def register_writer(self, run: str | None = None) -> str:
+        """Record a new writer; returns its id (pass it to :meth:`finish_writer`).
+
+        A run has one writer at a time: the open writers an earlier process of ``run`` left
+        (an explorer killed before it could finish) are marked finished, or readers would
+        wait on their steps forever.
+        """
         writer_id = uuid.uuid4().hex
+        now = time.time()
+        w = self.writers
         with self.engine.begin() as conn:
+            if run is not None:
+                conn.execute(
+                    w.update().where(w.c.run == run, w.c.finished_at.is_(None)).values(finished_at=now)
+                )
             conn.execute(
-                self.writers.insert(), {"writer_id": writer_id, "started_at": time.time(), "pid": os.getpid()}
+                w.insert(), {"writer_id": writer_id, "started_at": now, "pid": os.getpid(), "run": run}
             )
         return writer_id
 
@@ -200,7 +211,9 @@ class SQLStorage:
         import sqlalchemy as sa
 
         t = self.table
-        other = unread_clause(t) & ~t.c.uid.startswith(f"{run}:", autoescape=True)
+        prefix = f"{run}:"
+        # substr, not LIKE: SQLite's LIKE ignores case, and run names are case-sensitive.
+        other = unread_clause(t) & (sa.func.substr(t.c.uid, 1, len(prefix)) != prefix)
         with self.engine.connect().execution_options(read_only=True) as conn:
             count, example = conn.execute(sa.select(sa.func.count(), sa.func.min(t.c.uid)).where(other)).one()
         return int(count), example

@@ -45,7 +45,7 @@ class SQLWriter:
 
     def _register(self) -> str:
         if self._writer_id is None:
-            self._writer_id = self.storage.register_writer()
+            self._writer_id = self.storage.register_writer(self.run)
         return self._writer_id
 
     def write(self, experiences: Sequence[Experience]) -> None:

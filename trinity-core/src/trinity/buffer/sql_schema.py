@@ -8,8 +8,9 @@ Each buffer ``<name>`` has three tables:
   who read it when: ``reader_id``, ``read_seq``, ``consumed_step``);
 - ``<name>_blobs``: ``id -> Experience.serialize()``. Apart so that claiming a row rewrites a
   ~100-byte record, not the whole multi-kilobyte experience;
-- ``<name>_writers``: registered writers, the last step each has ended (``ended_step``) and
-  whether they finished (readers use it to tell "nothing yet" from "nothing more").
+- ``<name>_writers``: registered writers, their run, the last step each has ended
+  (``ended_step``) and whether they finished (readers use it to tell "nothing yet" from
+  "nothing more").
 
 SQLite and PostgreSQL are the databases with a tuned branch (``ON CONFLICT DO NOTHING``,
 ``FOR UPDATE SKIP LOCKED``); any other SQLAlchemy database with ``INSERT ... RETURNING`` works
@@ -146,6 +147,8 @@ def define_tables(metadata: sa.MetaData, table: str) -> tuple[sa.Table, sa.Table
         sa.Column("pid", sa.Integer, nullable=True),
         # The writer's last step whose experiences are all written (BufferWriter.end_step).
         sa.Column("ended_step", sa.Integer, nullable=True),
+        # The run it writes for: a new writer of the run takes over from its older ones.
+        sa.Column("run", sa.Text, nullable=True),
     )
     return experiences, blobs, writers
 
@@ -173,15 +176,16 @@ def check_columns(engine: sa.Engine, table: sa.Table, url: str) -> None:
 
 
 def add_writer_columns(engine: sa.Engine, writers: sa.Table) -> None:
-    """Add ``ended_step`` to a writers table made before it existed (a nullable column, so
-    old rows stay valid: a writer that never ended a step)."""
+    """Add ``ended_step`` and ``run`` to a writers table made before they existed (nullable
+    columns, so old rows stay valid: a writer of no known run that never ended a step)."""
     import sqlalchemy as sa
 
     have = {c["name"] for c in sa.inspect(engine).get_columns(writers.name)}
-    if "ended_step" not in have:
-        quoted = engine.dialect.identifier_preparer.quote(writers.name)
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD COLUMN ended_step INTEGER")
+    quoted = engine.dialect.identifier_preparer.quote(writers.name)
+    for column, kind in (("ended_step", "INTEGER"), ("run", "TEXT")):
+        if column not in have:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD COLUMN {column} {kind}")
 
 
 # What a writer stores; the read-state columns start out NULL.

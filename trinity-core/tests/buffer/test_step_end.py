@@ -1,0 +1,447 @@
+"""Writers ending steps (``end_step``) and readers expecting them (``expect_step``); experience
+ids prefixed with their run; refusing a buffer another run left unread rows in; giving back
+the reads after a trainer position (real SQLite files; the queue tests start a small local Ray)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trinity.buffer.base import STEP_ENDED, TIMED_OUT
+from trinity.buffer.factory import check_buffer_is_free, get_buffer_reader, release_reads_after, run_name
+from trinity.buffer.sql import SQLReader, SQLStorage, SQLWriter
+from trinity.buffer.sql_io import run_uids
+from trinity.config import resolve_config
+from trinity.config.validation import validate_config
+
+# A read that the writers' end_step should cut short: far longer than the test may take.
+LONG = 30.0
+QUICK = 5.0
+
+
+def _url(tmp_path: Path, file: str = "buffer.db") -> str:
+    return f"sqlite:///{tmp_path / file}"
+
+
+def _timed_read(reader: Any, n: int, timeout: float | None = None) -> tuple[list, float]:
+    start = time.monotonic()
+    got = reader.read(n, timeout=timeout)
+    return got, time.monotonic() - start
+
+
+def _config(tmp_path: Path, experience_buffer: dict[str, Any], *, project: str = "proj", name: str = "run"):
+    """A resolved ``mode: both`` config (nothing is loaded: model and taskset are never read)."""
+    data = {
+        "mode": "both",
+        "project": project,
+        "name": name,
+        "checkpoint_root_dir": str(tmp_path / "ckpt"),
+        "model": {
+            "model_path": str(tmp_path / "no-model"),
+            "max_prompt_tokens": 16,
+            "max_response_tokens": 16,
+        },
+        "algorithm": {"algorithm_type": "grpo", "repeat_times": 2},
+        "buffer": {
+            "batch_size": 2,
+            "explorer_input": {"taskset": {"path": str(tmp_path / "tasks.jsonl")}},
+            "trainer_input": {"experience_buffer": experience_buffer},
+        },
+    }
+    return resolve_config(validate_config(data))
+
+
+# -- SQL: reads cut short by ended steps -----------------------------------------------------
+
+
+def test_sql_read_returns_a_short_batch_once_the_writer_ended_the_step(tmp_path, make_experience):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    writer = SQLWriter(storage)
+    writer.write([make_experience(i) for i in range(3)])
+    writer.end_step(1)
+    reader = SQLReader(storage, max_read_timeout=LONG)
+    reader.expect_step(1)
+    got, seconds = _timed_read(reader, 8)
+    assert [e.eid.task for e in got] == [0, 1, 2]
+    assert reader.short_reason == STEP_ENDED
+    assert seconds < QUICK, f"waited {seconds:.1f} s for experiences the ended step cannot bring"
+    # A full batch afterwards has no reason to be short.
+    writer.write([make_experience(i) for i in range(3, 5)])
+    writer.end_step(2)
+    reader.expect_step(2)
+    assert [e.eid.task for e in reader.read(2)] == [3, 4] and reader.short_reason is None
+
+
+def test_sql_read_of_an_ended_step_without_experiences_is_empty_not_exhausted(tmp_path):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    SQLWriter(storage).end_step(1)  # every task of step 1 failed: nothing written
+    reader = SQLReader(storage, max_read_timeout=LONG)
+    reader.expect_step(1)
+    got, seconds = _timed_read(reader, 8)
+    assert got == [] and reader.short_reason == STEP_ENDED and seconds < QUICK
+    assert storage.counts() == {"total": 0, "unread": 0, "writers": 1, "open_writers": 1}
+
+
+def test_sql_read_waits_for_a_step_the_writer_has_not_ended(tmp_path, make_experience):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    writer = SQLWriter(storage)
+    writer.write([make_experience(i) for i in range(3)])  # step 1 still running
+    reader = SQLReader(storage)
+    reader.expect_step(1)
+    got, seconds = _timed_read(reader, 8, timeout=0.3)
+    assert len(got) == 3 and reader.short_reason == TIMED_OUT and seconds >= 0.3
+    # Ending an earlier step than the one expected does not end it either.
+    writer.end_step(1)
+    reader.expect_step(2)
+    got, seconds = _timed_read(reader, 8, timeout=0.3)
+    assert got == [] and reader.short_reason == TIMED_OUT and seconds >= 0.3
+    # Nor does any ended step help a reader that expects none (a full batch, as before).
+    reader.expect_step(None)
+    got, seconds = _timed_read(reader, 8, timeout=0.3)
+    assert got == [] and reader.short_reason == TIMED_OUT and seconds >= 0.3
+
+
+def test_sql_read_returns_short_only_when_every_writer_ended_the_step(tmp_path, make_experience):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    w1, w2 = SQLWriter(storage), SQLWriter(storage)
+    w1.write([make_experience(0, writer="a")])
+    w1.end_step(1)
+    w2.write([make_experience(0, writer="b")])
+    reader = SQLReader(storage, max_read_timeout=LONG)
+    reader.expect_step(1)
+    got, seconds = _timed_read(reader, 8, timeout=0.3)
+    assert len(got) == 2 and reader.short_reason == TIMED_OUT and seconds >= 0.3, "w2 has not ended step 1"
+    w2.write([make_experience(1, writer="b")])
+    w2.end_step(1)
+    got, seconds = _timed_read(reader, 8)
+    assert [e.eid.uid for e in got] == ["b/1/1/0"]
+    assert reader.short_reason == STEP_ENDED and seconds < QUICK
+
+
+def test_sql_a_finished_writer_does_not_hold_readers_back(tmp_path, make_experience):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    done, running = SQLWriter(storage), SQLWriter(storage)
+    done.write([make_experience(0, writer="done")])
+    done.finish()  # never ended a step
+    running.write([make_experience(0, writer="running")])
+    running.end_step(1)
+    reader = SQLReader(storage, max_read_timeout=LONG)
+    reader.expect_step(1)
+    got, seconds = _timed_read(reader, 8)
+    assert len(got) == 2 and reader.short_reason == STEP_ENDED and seconds < QUICK
+    assert not storage.exhausted()  # `running` may still write step 2
+
+
+def test_sql_rows_written_between_the_last_claim_and_end_step_are_still_read(
+    tmp_path, make_experience, monkeypatch
+):
+    # The reader claims (nothing yet), then the writer stores rows and ends the step, then the
+    # reader sees the step ended: it must claim once more rather than return without them.
+    url = _url(tmp_path)
+    writer = SQLWriter(SQLStorage(url, "exp"))
+    writer.end_step(0)
+    storage = SQLStorage(url, "exp")
+    reader = SQLReader(storage, max_read_timeout=LONG)
+    reader.expect_step(1)
+    real = storage.steps_ended
+    calls = []
+
+    def write_then_check(step: int) -> bool:
+        if not calls:  # the writer of another thread runs right after the reader's first claim
+            t = threading.Thread(
+                target=lambda: (writer.write([make_experience(i) for i in range(3)]), writer.end_step(1))
+            )
+            t.start()
+            t.join()
+        calls.append(step)
+        return real(step)
+
+    monkeypatch.setattr(storage, "steps_ended", write_then_check)
+    got, seconds = _timed_read(reader, 8)
+    assert calls == [1], "the step was seen ended at the first check"
+    assert [e.eid.task for e in got] == [0, 1, 2], "rows written before end_step were left unread"
+    assert reader.short_reason == STEP_ENDED and seconds < QUICK
+    assert storage.counts()["unread"] == 0
+
+
+def test_sql_concurrent_writer_thread_steps_are_read_in_full(tmp_path, make_experience):
+    # The same race left to the scheduler: for each of 20 steps, once the reader has started
+    # waiting for it, a writer thread writes 0-3 rows (after a varying pause) and ends the step.
+    # Every row of a step must be read by that step's read.
+    url = _url(tmp_path)
+    writer = SQLWriter(SQLStorage(url, "exp"))
+    writer.end_step(0)
+    sizes = [i % 4 for i in range(20)]
+    reading = [threading.Event() for _ in sizes]
+
+    def explore() -> None:
+        n = 0
+        for step, size in enumerate(sizes, start=1):
+            reading[step - 1].wait(LONG)
+            time.sleep(0.003 * (step % 4))
+            writer.write([make_experience(n + i) for i in range(size)])
+            n += size
+            writer.end_step(step)
+
+    reader = SQLReader(SQLStorage(url, "exp"), max_read_timeout=LONG)
+    t = threading.Thread(target=explore)
+    t.start()
+    per_step = []
+    try:
+        for step in range(1, len(sizes) + 1):
+            reader.expect_step(step)
+            reading[step - 1].set()
+            got = reader.read(4)
+            assert reader.short_reason == STEP_ENDED
+            per_step.append(len(got))
+    finally:
+        for event in reading:
+            event.set()
+        t.join()
+    assert per_step == sizes
+
+
+def test_sql_old_writers_table_gets_the_new_columns_on_open(tmp_path, make_experience):
+    # A database made before ended_step and run existed: an open writer of that version, its rows.
+    storage = SQLStorage(_url(tmp_path), "exp")
+    SQLWriter(storage).write([make_experience(i) for i in range(2)])
+    with sqlite3.connect(tmp_path / "buffer.db") as con:
+        con.execute("DROP TABLE exp_writers")
+        con.execute(
+            "CREATE TABLE exp_writers (writer_id VARCHAR(64) NOT NULL PRIMARY KEY, "
+            "started_at FLOAT NOT NULL, finished_at FLOAT, pid INTEGER)"
+        )
+        con.execute("INSERT INTO exp_writers VALUES ('old', 1.0, NULL, 1)")
+    reopened = SQLStorage(_url(tmp_path), "exp")
+    assert reopened.counts() == {"total": 2, "unread": 2, "writers": 1, "open_writers": 1}
+    with sqlite3.connect(tmp_path / "buffer.db") as con:
+        columns = [row[1] for row in con.execute("PRAGMA table_info(exp_writers)")]
+        assert columns == ["writer_id", "started_at", "finished_at", "pid", "ended_step", "run"]
+        assert con.execute("SELECT ended_step FROM exp_writers").fetchall() == [(None,)]
+    new = SQLWriter(reopened)
+    new.write([make_experience(2)])
+    new.end_step(1)
+    reader = SQLReader(reopened)
+    reader.expect_step(1)
+    assert len(reader.read(8, timeout=0.3)) == 3 and reader.short_reason == TIMED_OUT  # 'old' is open
+    reopened.end_step("old", 1)
+    assert reader.read(8, timeout=LONG) == [] and reader.short_reason == STEP_ENDED
+    # Opening it again (the column is there now) changes nothing.
+    assert SQLStorage(_url(tmp_path), "exp").steps_ended(1)
+
+
+# -- SQL: runs -------------------------------------------------------------------------------
+
+
+def test_run_uids_prefix_the_run_and_keep_in_batch_repeats_apart(make_experience):
+    exps = [make_experience(0), make_experience(0), make_experience(1)]
+    assert run_uids(None, exps) is None
+    assert run_uids("proj/run", exps) == ["proj/run:w/0/0/0", "proj/run:w/0/0/0#1", "proj/run:w/1/1/0"]
+
+
+def test_two_runs_writing_the_same_ids_both_store_them(tmp_path, make_experience):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    first, second = SQLWriter(storage, run="proj/a"), SQLWriter(storage, run="proj/b")
+    first.write([make_experience(i) for i in range(4)])
+    second.write([make_experience(i) for i in range(4)])
+    assert first.written == second.written == 4 and second.duplicates == 0
+    first.write([make_experience(i) for i in range(2, 6)])  # a redone step of run a: 2 and 3 again
+    assert first.duplicates == 2 and first.written == 6
+    with sqlite3.connect(tmp_path / "buffer.db") as con:
+        uids = [uid for (uid,) in con.execute("SELECT uid FROM exp ORDER BY id")]
+    assert uids == [f"proj/a:w/{i}/{i % 3}/0" for i in range(4)] + [
+        f"proj/b:w/{i}/{i % 3}/0" for i in range(4)
+    ] + [f"proj/a:w/{i}/{i % 3}/0" for i in range(4, 6)]
+    got = SQLReader(storage).read(20, timeout=0)
+    assert [e.eid.task for e in got] == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5]  # the experiences keep their eid
+
+
+def test_unread_of_other_runs_counts_only_other_runs_unread_rows(tmp_path, make_experience):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    SQLWriter(storage, run="proj/run").write([make_experience(i) for i in range(3)])
+    SQLWriter(storage, run="proj/run2").write([make_experience(i) for i in range(2)])  # a prefix of it
+    SQLWriter(storage, run="proj/runX1").write([make_experience(i) for i in range(2)])  # "_" is no wildcard
+    SQLWriter(storage).write([make_experience(9)])  # no run at all
+    assert storage.unread_of_other_runs("proj/run") == (5, "proj/run2:w/0/0/0")
+    assert storage.unread_of_other_runs("proj/run_1")[0] == 8
+    assert storage.unread_of_other_runs("proj/runX1")[0] == 6
+    SQLReader(storage).read(5, timeout=0)  # proj/run's 3, proj/run2's 2
+    assert storage.unread_of_other_runs("proj/run") == (3, "proj/runX1:w/0/0/0")
+    assert storage.unread_of_other_runs("proj/runX1") == (1, "w/9/0/0")
+    assert storage.unread_of_other_runs("nobody") == (3, "proj/runX1:w/0/0/0")
+
+
+def test_check_buffer_is_free_refuses_unread_rows_of_another_run(tmp_path, make_experience):
+    url = _url(tmp_path)
+    config = _config(tmp_path, {"name": "exp", "storage_type": "sql", "path": url})
+    assert run_name(config) == "proj/run"
+    check_buffer_is_free(config)  # an empty buffer
+    storage = SQLStorage(url, "exp")
+    SQLWriter(storage, run=run_name(config)).write([make_experience(i) for i in range(4)])
+    check_buffer_is_free(config)  # this run's own rows (a continued run)
+    SQLWriter(storage, run="proj/old").write([make_experience(i) for i in range(3)])
+    with pytest.raises(ValueError) as info:
+        check_buffer_is_free(config)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "holds 3 unread experiences of another run (proj/old)" in message
+    assert "'exp'" in message and url in message
+    SQLReader(storage).read(7, timeout=0)  # consumed: they can no longer end up in this run
+    check_buffer_is_free(config)
+
+
+def test_check_buffer_is_free_looks_at_queue_mirrors_and_rows_without_a_run(tmp_path, make_experience):
+    # A queue with an SQL mirror keeps its rows across runs (the mirror's table is the name).
+    mirror = _url(tmp_path, "mirror.db")
+    SQLWriter(SQLStorage(mirror, "q"), run="proj/old").write([make_experience(0)])
+    with pytest.raises(ValueError, match=r"holds 1 unread experiences of another run \(proj/old\)"):
+        check_buffer_is_free(_config(tmp_path, {"name": "q", "storage_type": "queue", "path": mirror}))
+    # A queue without a path keeps nothing (and no Ray is needed to tell).
+    check_buffer_is_free(_config(tmp_path, {"name": "q", "storage_type": "queue"}))
+    # Rows stored without a run (by a version before runs) are another run's too.
+    legacy = _url(tmp_path, "legacy.db")
+    SQLWriter(SQLStorage(legacy, "exp")).write([make_experience(0), make_experience(1)])
+    with pytest.raises(ValueError, match=r"holds 2 unread experiences of another run \(an earlier run\)"):
+        check_buffer_is_free(_config(tmp_path, {"name": "exp", "storage_type": "sql", "path": legacy}))
+
+
+# -- runs: a restarted explorer, and run names that differ only in case ---------------------
+
+
+def test_the_writer_of_a_crashed_explorer_does_not_hold_the_continued_run_back(tmp_path, make_experience):
+    url = _url(tmp_path)
+    crashed = SQLWriter(SQLStorage(url, "exp"), run="proj/run")
+    crashed.end_step(0)
+    crashed.write([make_experience(i) for i in range(2)])
+    crashed.end_step(1)
+    crashed.write([make_experience(i) for i in range(2, 4)])
+    crashed.end_step(2)  # then SIGKILL / Ctrl-C: the actor is killed, finish() never runs
+    # The run continues from the explorer state of step 1 (ExplorerActor ends that step first).
+    resumed = SQLWriter(SQLStorage(url, "exp"), run="proj/run")
+    resumed.end_step(1)
+    resumed.write([make_experience(i) for i in range(2, 4)])  # step 2 redone: duplicates skipped
+    resumed.end_step(2)
+    resumed.write([make_experience(4)])  # step 3: three of its four rollouts failed
+    resumed.end_step(3)
+    reader = SQLReader(SQLStorage(url, "exp"))
+    assert len(reader.read(4, timeout=0)) == 4  # trainer steps 1-2 (full batches)
+    reader.expect_step(3)
+    assert len(reader.read(4, timeout=1)) == 1
+    assert reader.short_reason == STEP_ENDED  # the killed explorer's writer does not hold it back
+
+
+def test_unread_of_other_runs_tells_runs_apart_by_case(tmp_path, make_experience):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    SQLWriter(storage, run="proj/Run").write([make_experience(0)])
+    assert storage.unread_of_other_runs("proj/run") == (1, "proj/Run:w/0/0/0")
+
+
+# -- giving back the reads after a position --------------------------------------------------
+
+
+def test_release_reads_after_gives_back_the_rows_read_after_the_position(tmp_path, make_experience):
+    url = _url(tmp_path)
+    config = _config(tmp_path, {"name": "exp", "storage_type": "sql", "path": url})
+    SQLWriter(SQLStorage(url, "exp")).write([make_experience(i) for i in range(10)])
+    reader = get_buffer_reader(config.buffer.trainer_input.experience_buffer)
+    assert [e.eid.task for e in reader.read(3, timeout=0)] == [0, 1, 2]
+    position = reader.state_dict()  # the trainer finished a step here
+    assert [e.eid.task for e in reader.read(4, timeout=0)] == [3, 4, 5, 6]  # an unfinished step
+    assert release_reads_after(config, position) == 4
+    assert SQLStorage(url, "exp").counts()["unread"] == 7
+    again = SQLReader(SQLStorage(url, "exp"))
+    assert [e.eid.task for e in again.read(10, timeout=0)] == [3, 4, 5, 6, 7, 8, 9]
+    assert release_reads_after(config, position) == 0  # those were read by another reader since
+    file_config = _config(tmp_path, {"name": "f", "storage_type": "file", "path": str(tmp_path / "x.jsonl")})
+    assert release_reads_after(file_config, position) == 0
+
+
+# -- queue (Ray) -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, namespace="step-end-tests")
+    yield ray
+    ray.shutdown()
+
+
+def _queue(ray_cluster):
+    from trinity.buffer.queue import QueueReader, QueueWriter, get_queue_actor
+
+    actor = get_queue_actor(f"q{uuid.uuid4().hex[:8]}")
+    return actor, (lambda: QueueWriter(actor)), QueueReader(actor, max_read_timeout=LONG)
+
+
+@pytest.mark.e2e
+def test_queue_read_returns_short_once_every_open_writer_ended_the_step(ray_cluster, make_experience):
+    actor, new_writer, reader = _queue(ray_cluster)
+    w1, w2, done = new_writer(), new_writer(), new_writer()
+    done.write([make_experience(9, writer="done")])
+    done.finish()  # a finished writer never holds readers back
+    w1.write([make_experience(i, writer="a") for i in range(2)])
+    w1.end_step(1)
+    w2.write([make_experience(0, writer="b")])
+    reader.expect_step(1)
+    got, seconds = _timed_read(reader, 8, timeout=0.5)
+    assert len(got) == 4 and reader.short_reason == TIMED_OUT and seconds >= 0.4, "w2 has not ended step 1"
+    w2.end_step(1)
+    got, seconds = _timed_read(reader, 8)
+    assert got == [] and reader.short_reason == STEP_ENDED and seconds < QUICK
+    assert set(ray_cluster.get(actor.stats.remote())["ended_steps"].values()) == {1}
+    # Step 2: a write, then the end of the step, wakes the waiting reader with the short batch.
+    reader.expect_step(2)
+    ref = actor.get.remote(8, LONG, reader.reader_id, 99, 2)
+    time.sleep(0.2)
+    w1.write([make_experience(5, writer="a")])
+    w1.end_step(2)
+    w2.end_step(2)
+    blobs, reason = ray_cluster.get(ref, timeout=QUICK)
+    assert len(blobs) == 1 and reason == STEP_ENDED
+
+
+@pytest.mark.e2e
+def test_queue_read_of_an_ended_step_short_or_empty_and_a_timeout_otherwise(ray_cluster, make_experience):
+    _, new_writer, reader = _queue(ray_cluster)
+    writer = new_writer()
+    writer.write([make_experience(i) for i in range(3)])
+    writer.end_step(1)
+    reader.expect_step(1)
+    got, seconds = _timed_read(reader, 8)
+    assert [e.eid.task for e in got] == [0, 1, 2] and reader.short_reason == STEP_ENDED and seconds < QUICK
+    writer.end_step(2)  # step 2 wrote nothing
+    reader.expect_step(2)
+    got, seconds = _timed_read(reader, 8)
+    assert got == [] and reader.short_reason == STEP_ENDED and seconds < QUICK
+    reader.expect_step(3)  # not ended
+    got, seconds = _timed_read(reader, 8, timeout=0.5)
+    assert got == [] and reader.short_reason == TIMED_OUT and seconds >= 0.4
+    writer.write([make_experience(i) for i in range(3, 5)])
+    reader.expect_step(None)
+    assert len(reader.read(2)) == 2 and reader.short_reason is None
+
+
+@pytest.mark.e2e
+def test_queue_release_reads_after_with_an_sql_mirror(ray_cluster, tmp_path, make_experience):
+    from trinity.buffer.factory import get_buffer_writer
+
+    name, mirror = f"q{uuid.uuid4().hex[:8]}", _url(tmp_path, "mirror.db")
+    config = _config(tmp_path, {"name": name, "storage_type": "queue", "path": mirror, "max_read_timeout": 1})
+    exp = config.buffer.trainer_input.experience_buffer
+    get_buffer_writer(exp, run=run_name(config)).write([make_experience(i) for i in range(8)])
+    reader = get_buffer_reader(exp)
+    assert [e.eid.task for e in reader.read(2)] == [0, 1]
+    position = reader.state_dict()
+    assert [e.eid.task for e in reader.read(3)] == [2, 3, 4]
+    assert release_reads_after(config, position) == 3
+    assert [e.eid.task for e in get_buffer_reader(exp).read(6)] == [2, 3, 4, 5, 6, 7]
+    with sqlite3.connect(tmp_path / "mirror.db") as con:
+        uids = [uid for (uid,) in con.execute(f"SELECT uid FROM {name} ORDER BY id")]
+    assert uids == [f"proj/run:w/{i}/{i % 3}/0" for i in range(8)]
