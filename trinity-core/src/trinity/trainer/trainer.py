@@ -140,12 +140,14 @@ class Trainer:
         return self._after_step(metrics)
 
     def _empty_step(self, step: int) -> dict[str, float]:
-        """Step ``step`` without experiences: the explorer ended its steps with none (every
-        task failed). Counted; the weights stay as they are."""
+        """Step ``step`` without experiences (the explorer ended its steps with none, or the
+        sample strategy dropped them all). Counted; the weights stay as they are."""
         logger.warning(
-            "trainer step %d: no experiences to train on (every task of the explorer's step "
-            "failed or was dropped); the weights stay unchanged",
+            "trainer step %d: no experiences to train on (%s); the weights stay unchanged",
             step,
+            "the explorer's step ended without any: its tasks failed or were dropped"
+            if self.experience_reader.short_reason
+            else "the sample strategy kept none of what it read",
         )
         # Both back-ends count steps in a plain ``global_step``; advancing it keeps weight
         # versions equal to explorer steps, which the synchroniser's schedule relies on.
