@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trinity.config import load_config
+from trinity.config import load_config, stage_configs
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -14,7 +14,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 @pytest.mark.parametrize(("name", "rl_algorithm"), [("quickstart.yaml", "grpo"), ("opmd.yaml", "opmd")])
 def test_quickstart_is_sft_then_rl_on_cpu_backends(monkeypatch, tmp_path, name, rl_algorithm):
     monkeypatch.setenv("QUICKSTART_DIR", str(tmp_path))
-    sft, rl = load_config(EXAMPLES / "quickstart" / name).stage_configs()
+    sft, rl = stage_configs(load_config(EXAMPLES / "quickstart" / name))
     assert (sft.mode, sft.algorithm.algorithm_type) == ("train", "sft")
     sft_data = sft.buffer.trainer_input.experience_buffer
     assert (sft_data.schema_type, sft_data.path) == ("sft", f"{tmp_path}/data/sft")

@@ -83,9 +83,9 @@ def prepare(work: Path) -> None:
 
 def job_dirs(config_path: Path) -> list[Path]:
     """The job folder of each stage, as ``trinity run`` resolves them."""
-    from trinity.config import load_config
+    from trinity.config import load_config, stage_configs
 
-    return [Path(stage.checkpoint_job_dir) for stage in load_config(config_path).stage_configs()]
+    return [Path(stage.checkpoint_job_dir) for stage in stage_configs(load_config(config_path))]
 
 
 def eval_accuracy(job_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -1,4 +1,5 @@
-"""Fixtures: the plugin registered on a fresh manager (no entry-point autoload), and random inputs."""
+"""Fixtures: the plugin registered on a fresh manager (``trinity.testing``'s fixtures: no
+entry-point autoload), and random inputs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 import pytest
 
 import trinity_algos.hooks
-from trinity.plugins import TrinityPluginManager, set_manager
 
 # pytest runs with --import-mode=importlib: make algos_testutil importable by the test modules.
 sys.path.insert(0, str(Path(__file__).parent))
@@ -17,12 +17,7 @@ PLUGIN_NAME = "trinity-plugins-algos"
 
 
 @pytest.fixture
-def algos_manager():
+def algos_manager(plugin_manager, register_plugin):
     """A fresh plugin manager holding only this plugin, installed process-wide for the test."""
-    manager = TrinityPluginManager(autoload=False)
-    manager.register_plugin(trinity_algos.hooks, PLUGIN_NAME)
-    previous = set_manager(manager)
-    try:
-        yield manager
-    finally:
-        set_manager(previous)
+    register_plugin(trinity_algos.hooks, PLUGIN_NAME)
+    return plugin_manager

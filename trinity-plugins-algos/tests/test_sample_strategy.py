@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trinity.buffer.base import BufferExhausted
-from trinity.experience import EID, Experience
+from trinity.experience import EID, BufferExhausted, Experience
 from trinity_algos.sample_strategy import (
     DefaultSampleStrategy,
     MixSampleStrategy,

@@ -9,28 +9,30 @@ import sys
 import pytest
 
 import trinity_math.hooks as hooks
-from trinity.plugins import KNOWN_PROVIDERS, TrinityPluginManager, get_component, list_components, set_manager
+from trinity.plugins import KINDS, UnknownComponentError, get_component, list_components
 from trinity.testing import check_component
 
 
 @pytest.fixture
-def math_manager():
-    """A fresh plugin manager holding only this plugin, installed process-wide for the test."""
-    manager = TrinityPluginManager(autoload=False)
-    manager.register_plugin(hooks, "trinity-plugins-math")
-    previous = set_manager(manager)
-    try:
-        yield manager
-    finally:
-        set_manager(previous)
+def math_manager(plugin_manager, register_plugin):
+    """A fresh plugin manager holding only this plugin (``trinity.testing`` fixtures)."""
+    register_plugin(hooks, "trinity-plugins-math")
+    return plugin_manager
 
 
-def test_registers_every_name_the_core_advertises(math_manager) -> None:
-    advertised = KNOWN_PROVIDERS["trinity-plugins-math"]
-    assert set(list_components("workflow")) == set(advertised["workflow"])
-    assert set(list_components("reward_fn")) == set(advertised["reward_fn"])
+def test_registers_its_workflows_and_reward_fns(math_manager) -> None:
+    assert set(list_components("workflow")) == set(hooks.WORKFLOWS)
+    assert set(list_components("reward_fn")) == set(hooks.REWARD_FNS)
     assert get_component("workflow", "math_workflow") is hooks.workflows.MathWorkflow
     assert get_component("reward_fn", "countdown_reward") is hooks.rewards.CountdownRewardFn
+
+
+def test_core_install_hints_name_this_distribution() -> None:
+    """Without this plugin, an unknown workflow / reward_fn tells users what to install."""
+    for kind in ("workflow", "reward_fn"):
+        assert "trinity-plugins-math" in KINDS[kind].install_hint
+        error = UnknownComponentError(kind, "math_workflow", [])
+        assert "pip install trinity-plugins-math" in str(error)
 
 
 COMPONENTS = [("workflow", n, c) for n, c in hooks.WORKFLOWS.items()] + [

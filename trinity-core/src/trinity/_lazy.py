@@ -1,32 +1,8 @@
-"""Lazy module proxies, so the core and plugins stay light to import.
-
-``trinity --help`` and ``trinity plugins`` must not pay for importing torch: modules that hold
-tensor code bind ``torch = lazy_import("torch")`` and the real import happens on first use.
-"""
+"""Old home of :mod:`trinity.lazy` (kept so existing imports work); import from ``trinity.lazy``."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
-from typing import Any
+from trinity.lazy import LazyModule as _LazyModule
+from trinity.lazy import lazy_import
 
-
-class _LazyModule(types.ModuleType):
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.__dict__["_lazy_target"] = name
-
-    def _load(self) -> types.ModuleType:
-        return importlib.import_module(self.__dict__["_lazy_target"])
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._load(), attr)
-
-    def __dir__(self) -> list[str]:
-        return dir(self._load())
-
-
-def lazy_import(name: str) -> Any:
-    """Return ``name`` if it is already imported, else a proxy that imports it on first use."""
-    return sys.modules.get(name) or _LazyModule(name)
+__all__ = ["_LazyModule", "lazy_import"]

@@ -17,6 +17,7 @@ import ray
 
 if TYPE_CHECKING:
     from trinity.config import Config
+    from trinity.sync.group import GroupSpec
 
 
 def _setup_actor(config: Config, actor_name: str) -> logging.Logger:
@@ -126,15 +127,13 @@ class ExplorerActor:
         self.explorer.sync_weights(checkpoint_path=path, version=version)
         return version
 
-    # -- broadcast weight sync (sync_method nccl; see trinity.sync.nccl) ----------------------
+    # -- broadcast weight sync (sync_method nccl; see trinity.sync.transport) -----------------
 
     def weight_sync_devices(self) -> list[list[str]]:
         return self.explorer.weight_sync_devices()
 
-    def init_weight_group(
-        self, master_addr: str, master_port: int, world_size: int, backend: str, timeout_s: float
-    ) -> None:
-        self.explorer.init_weight_group(master_addr, master_port, world_size, backend, timeout_s)
+    def init_weight_group(self, spec: GroupSpec) -> None:
+        self.explorer.init_weight_group(spec)
 
     def receive_weights(self, metas: list[Any], version: int) -> int:
         self.explorer.receive_weights(metas, version)
@@ -195,19 +194,18 @@ class TrainerActor:
     # native model, or veRL's gathered full state dict) and are broadcast from this process.
 
     def weight_sync_device(self) -> str:
-        from trinity.sync.nccl import describe_device
+        from trinity.sync.group import describe_device
 
         return describe_device(getattr(self.trainer.backend, "device", None))
 
-    def open_weight_group(self, world_size: int, backend: str, timeout_s: float) -> tuple[str, int]:
-        """Start the group's store on a free port; returns ``(address, port)`` for the explorer."""
-        from trinity.sync.nccl import WeightSender, use_device
+    def open_weight_group(self, world_size: int, backend: str, timeout_s: float) -> GroupSpec:
+        """Start the group's store on a free port; returns what the explorer joins with."""
+        from trinity.sync.broadcast import WeightSender
 
         self.close_weight_group()
-        if backend == "nccl":
-            use_device(getattr(self.trainer.backend, "device", None))
-        self.weight_sender = WeightSender(world_size, backend, timeout_s)
-        return self.weight_sender.address
+        device = getattr(self.trainer.backend, "device", None)
+        self.weight_sender = WeightSender(world_size, backend, timeout_s, device=device)
+        return self.weight_sender.spec
 
     def connect_weight_group(self) -> None:
         self._sender().connect()

@@ -1,12 +1,18 @@
-"""Experience: one trajectory (or one SFT / DPO sample) on its way from explorer to trainer."""
+"""Experience: one trajectory (or one SFT / DPO sample) on its way from explorer to trainer.
+
+Also the reading side of the buffers as components see it (:class:`BufferReader`,
+:class:`BufferExhausted`): sample strategies draw Experiences through it without depending on
+the buffer layer (:mod:`trinity.buffer` implements it and re-exports both names).
+"""
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from trinity._lazy import lazy_import
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch
@@ -158,3 +164,48 @@ def group_ids_of(experiences: list[Experience]) -> torch.Tensor:
     """Long tensor ``(B,)``: equal ids for experiences of the same task (same ``eid.tid``)."""
     ids: dict[str, int] = {}
     return torch.tensor([ids.setdefault(e.eid.tid, len(ids)) for e in experiences], dtype=torch.long)
+
+
+# -- reading experiences ---------------------------------------------------------------------
+
+
+class BufferExhausted(Exception):
+    """Raised by a reader when no more data will ever come (finite source, writers done)."""
+
+
+# Why a read returned fewer experiences than asked (BufferReader.short_reason).
+STEP_ENDED = "step ended"  # the writers ended the expected step: nothing more is coming for it
+TIMED_OUT = "timed out"  # the read's timeout passed first
+
+
+@runtime_checkable
+class BufferReader(Protocol):
+    """Where a sample strategy (or the explorer) reads Experiences from."""
+
+    short_reason: str | None
+
+    def read(self, batch_size: int, timeout: float | None = None) -> list[Experience]:
+        """Return up to ``batch_size`` unread experiences, each exactly once.
+
+        Blocks until ``batch_size`` are available, or the writers ended the step given to
+        :meth:`expect_step` and nothing is left unread, or ``timeout`` seconds pass; then
+        returns what it has (possibly nothing; :attr:`short_reason` says why it is short:
+        :data:`STEP_ENDED` or :data:`TIMED_OUT`).
+        Raises :class:`BufferExhausted` when nothing more can come.
+        """
+
+    def expect_step(self, step: int | None) -> None:
+        """The next reads wait for the experiences of the writers' steps up to ``step``
+        (``None``: for a full batch). Readers of storages without writers ignore it."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Reader position, saved in checkpoints."""
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a position saved by :meth:`state_dict`.
+
+        Experience buffers (``sql``, and ``queue`` with an SQL mirror) also make the
+        experiences this reader consumed *after* saving ``state`` unread again: the trainer
+        steps that trained on them were lost with the crash. Readers may offer
+        ``set_step(step)`` to record which trainer step consumed each experience.
+        """

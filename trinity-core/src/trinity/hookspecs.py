@@ -3,11 +3,18 @@
 Every hook is called with exactly one keyword argument, ``register``: a callable
 ``register(name: str, component: type)``. The host owns the callback, so it can check the type
 of what a plugin hands it and remember which plugin registered each name.
+
+Each hook declares, with :func:`registers`, the component kind it fills: the kind name
+``get_component`` takes, the base class every component must subclass, and where users get
+first-party components of that kind. :data:`trinity.plugins.KINDS` is read from these
+declarations, so a new hook is one function here (plus its docs section and conformance check).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import pluggy
 
@@ -18,42 +25,80 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 Register = Callable[[str, type], None]
 
+KIND_ATTRIBUTE = "trinity_kind"
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """What a hook registers: ``name`` (the kind), ``base`` (``"module:Class"``, imported on
+    first use to keep this module light) and ``install_hint`` (shown when a name is unknown)."""
+
+    name: str
+    base: str
+    install_hint: str
+
+
+def registers(kind: str, base: str, install_hint: str) -> Callable[[_F], _F]:
+    """Mark a hookspec with the component kind it registers (see :class:`KindSpec`)."""
+
+    def mark(func: _F) -> _F:
+        setattr(func, KIND_ATTRIBUTE, KindSpec(kind, base, install_hint))
+        return func
+
+    return mark
+
+
+_ALGOS = "pip install trinity-plugins-algos"
+
 
 @hookspec
+@registers(
+    "workflow",
+    "trinity.workflow:Workflow",
+    "pip install trinity-plugins-math (math) or trinity-plugins-webshop (webshop)",
+)
 def register_workflows(register: Register) -> None:
     """Register ``Workflow`` subclasses (kind ``workflow``), e.g. ``register("math_workflow", MathWorkflow)``."""
 
 
 @hookspec
+@registers("reward_fn", "trinity.workflow:RewardFn", "pip install trinity-plugins-math")
 def register_reward_fns(register: Register) -> None:
     """Register ``RewardFn`` subclasses (kind ``reward_fn``)."""
 
 
 @hookspec
+@registers("advantage_fn", "trinity.algorithm.advantage:AdvantageFn", _ALGOS)
 def register_advantage_fns(register: Register) -> None:
     """Register ``AdvantageFn`` subclasses (kind ``advantage_fn``)."""
 
 
 @hookspec
+@registers("policy_loss_fn", "trinity.algorithm.policy_loss:PolicyLossFn", _ALGOS)
 def register_policy_loss_fns(register: Register) -> None:
     """Register ``PolicyLossFn`` subclasses (kind ``policy_loss_fn``)."""
 
 
 @hookspec
+@registers("kl_fn", "trinity.algorithm.kl:KLFn", _ALGOS)
 def register_kl_fns(register: Register) -> None:
     """Register ``KLFn`` subclasses (kind ``kl_fn``); used both as KL loss and KL reward penalty."""
 
 
 @hookspec
+@registers("entropy_loss_fn", "trinity.algorithm.entropy:EntropyLossFn", _ALGOS)
 def register_entropy_loss_fns(register: Register) -> None:
     """Register ``EntropyLossFn`` subclasses (kind ``entropy_loss_fn``)."""
 
 
 @hookspec
+@registers("sample_strategy", "trinity.algorithm.sample_strategy:SampleStrategy", _ALGOS)
 def register_sample_strategies(register: Register) -> None:
     """Register ``SampleStrategy`` subclasses (kind ``sample_strategy``)."""
 
 
 @hookspec
+@registers("algorithm_type", "trinity.algorithm.algorithm_type:AlgorithmType", _ALGOS)
 def register_algorithm_types(register: Register) -> None:
     """Register ``AlgorithmType`` subclasses (kind ``algorithm_type``)."""

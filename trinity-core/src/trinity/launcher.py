@@ -19,8 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# Each stage is resolved anew from the user's keys (config.resolve is the one place that derives).
+from trinity.config.resolve import stage_configs, start_from
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from trinity.config import Config
+    from trinity.sync import WeightTransport
 
 logger = logging.getLogger("trinity.launcher")
 
@@ -47,11 +53,11 @@ def run(config: Config) -> int:
     """Run all stages of ``config``; return the process exit code."""
     _setup_driver_logging()
     previous_checkpoint: str | None = None
-    stages = config.stage_configs()
+    stages = stage_configs(config)
     for index, stage in enumerate(stages):
         if previous_checkpoint is not None:
             # Each stage starts from the weights the previous one ended with.
-            start_from(stage, previous_checkpoint)
+            stage = start_from(stage, previous_checkpoint)
         label = stage.name if len(stages) > 1 else config.name
         print(f"[trinity] stage {index + 1}/{len(stages)}: {label} (mode {stage.mode})", flush=True)
         try:
@@ -68,28 +74,6 @@ def run(config: Config) -> int:
             return EXIT_FAILED
         previous_checkpoint = result.final_checkpoint or previous_checkpoint
     return EXIT_OK
-
-
-def start_from(config: Config, model_path: str) -> None:
-    """Point a resolved stage config at ``model_path`` (the previous stage's final weights).
-
-    Resolving copied ``model.model_path`` into derived keys (the rollout model, the critic and
-    the tokenizers); they follow it here, or the explorer would roll out with the old weights.
-    A critic or tokenizer path the user set to something else is kept.
-    """
-    old = config.model.model_path
-    config.model.model_path = model_path
-    config.explorer.rollout_model.model_path = model_path
-    if config.model.critic_model_path == old:
-        config.model.critic_model_path = model_path
-    buffer = config.buffer
-    readers = [buffer, *buffer.explorer_input.tasksets, *buffer.explorer_input.eval_tasksets]
-    if buffer.trainer_input.experience_buffer is not None:
-        readers.append(buffer.trainer_input.experience_buffer)
-    readers.extend(buffer.trainer_input.auxiliary_buffers.values())
-    for reader in readers:
-        if getattr(reader, "tokenizer_path", None) == old:
-            reader.tokenizer_path = model_path
 
 
 def _setup_driver_logging() -> None:
@@ -258,47 +242,6 @@ def _get(ray: Any, refs: Any, doing: str) -> Any:
         raise JobFailed(f"{doing}: an actor died ({exc})") from exc
 
 
-# Seconds to wait for the other sides' errors once one side of a collective call has failed.
-_COLLECT_ERRORS_S = 5.0
-
-
-def _get_together(
-    ray: Any, refs: list[Any], doing: str, timeout: float, grace: float | None = None
-) -> list[Any]:
-    """Results of calls that must run together (the ranks of one collective).
-
-    The first failure ends the wait: the other calls would only sit in the collective until
-    their own timeout. Their errors are collected for a few seconds, so the message shows every
-    side (e.g. the explorer's reason next to the trainer's "cancelled"). Calls still running
-    after ``timeout`` plus ``grace`` (default: 10 %, at least 30 s; the group's own timeouts
-    should fire first) are a :class:`JobFailed` as well.
-    """
-    grace = max(30.0, 0.1 * timeout) if grace is None else grace
-    deadline = time.monotonic() + timeout + grace
-    pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-        if not ready:
-            raise JobFailed(
-                f"{doing}: no answer within synchronizer.sync_timeout ({timeout:g} s); "
-                "a rank of the weight-sync group hangs"
-            )
-        try:
-            _get(ray, ready[0], doing)
-        except JobFailed as first:
-            messages = [str(first)]
-            late = (
-                ray.wait(pending, num_returns=len(pending), timeout=_COLLECT_ERRORS_S)[0] if pending else []
-            )
-            for ref in late:
-                try:
-                    _get(ray, ref, doing)
-                except JobFailed as other:
-                    messages.append(str(other).removeprefix(f"{doing}: "))
-            raise JobFailed("; ".join(messages)) from first
-    return [ray.get(ref) for ref in refs]
-
-
 def _log(monitor: Any, metrics: dict[str, Any], step: int) -> None:
     monitor.log(
         {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}, step
@@ -375,9 +318,7 @@ class _StepLoop:
         explore_ref = train_ref = None
         explorer_done, trainer_done = explorer is None, trainer is None
         start = time.monotonic()
-        broadcast = config.synchronizer.sync_method == "nccl" and explorer is not None and trainer is not None
-        if broadcast:
-            _open_weight_group(ray, config, explorer, trainer)
+        weights = _open_weight_sync(ray, config, explorer, trainer)
         if explorer is not None and config.explorer.eval_on_startup and self.explorer_step == 0:
             self.eval(0)
 
@@ -395,7 +336,7 @@ class _StepLoop:
                             self.explorer_step, self.trainer_step, self.explorer_version
                         )
                         if decision.action == "sync" or (decision.action == "wait" and trainer_done):
-                            self.explorer_version = _sync(ray, config, explorer, trainer)
+                            self.explorer_version = _sync(weights.sync)
                         elif decision.action == "wait":
                             run = False  # until the trainer reaches decision.version
                     self.run_due_evals()
@@ -436,15 +377,12 @@ class _StepLoop:
         final_eval = config.explorer.eval_interval and (
             self.pending_evals or not _eval_due(config, self.explorer_step)
         )
-        if explorer is not None and trainer is not None and final_checkpoint and final_eval:
-            self.explorer_version = _sync(ray, config, explorer, trainer)
+        if weights is not None and final_checkpoint and final_eval:
+            self.explorer_version = _sync(weights.sync)
             self.pending_evals.clear()
             self.eval(self.explorer_step)
-        if broadcast:
-            # A later stage (new actors) builds a group of its own.
-            self.get(
-                [explorer.close_weight_group.remote(), trainer.close_weight_group.remote()], "weight sync"
-            )
+        if weights is not None:
+            _sync(weights.close)  # a later stage (new actors) opens a transport of its own
         return self.finish(total, final_checkpoint, time.monotonic() - start)
 
     # -- per-step bookkeeping ------------------------------------------------------------------
@@ -539,68 +477,27 @@ class _StepLoop:
         )
 
 
-def _sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> int:
-    """Move the trainer's current weights to the explorer; returns their version (trainer step).
+def _open_weight_sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> WeightTransport | None:
+    """The stage's weight transport (``synchronizer.sync_method``), opened; ``None`` unless the
+    stage runs both explorer and trainer. What it chose (``nccl``: the backend) is logged once."""
+    if explorer is None or trainer is None:
+        return None
+    from trinity.sync import make_transport
 
-    Calls on one actor run in submission order, so the weights are those after every train
-    step submitted so far (never a half-updated model).
-    """
-    method = config.synchronizer.sync_method
-    if method == "nccl":
-        return _broadcast_weights(ray, config, explorer, trainer)
-    if method == "checkpoint":
-        path_and_version = trainer.save_weights.remote()
-        return _get(ray, explorer.load_checkpoint.remote(path_and_version), "explorer checkpoint sync")
-    elif method == "memory":
-        weights_and_version = trainer.get_weights.remote()
-        # Passing the ref inside a list keeps Ray from materialising it in the driver.
-        return _get(ray, explorer.update_weights.remote([weights_and_version]), "explorer weight sync")
-    raise JobFailed(f"synchronizer.sync_method {method!r}: use 'nccl', 'memory' or 'checkpoint'")
+    sync = config.synchronizer
+    transport = _sync(make_transport, sync.sync_method, ray, explorer, trainer, sync.sync_timeout)
+    chosen = _sync(transport.open)
+    if chosen:
+        logger.info("sync_method %s: %s", transport.method, chosen)
+    return transport
 
 
-def _open_weight_group(ray: Any, config: Config, explorer: Any, trainer: Any) -> None:
-    """``sync_method: nccl``: build the group of the trainer (rank 0) and every rollout rank.
+def _sync(call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)``: a weight transport's ``open`` / ``sync`` / ``close``; its failure (which
+    names every side's error) fails the job."""
+    from trinity.sync import WeightSyncFailed
 
-    The backend is NCCL when every rank has a GPU of its own, else gloo (logged once, at
-    INFO). The trainer opens the store first (for its port); then both sides join together.
-    """
-    from trinity.sync.nccl import NCCLUnavailableError, choose_backend
-
-    timeout = float(config.synchronizer.sync_timeout)
-    trainer_device, engine_devices = _get(
-        ray,
-        [trainer.weight_sync_device.remote(), explorer.weight_sync_devices.remote()],
-        "weight sync set-up",
-    )
-    devices = [trainer_device, *(d for engine in engine_devices for d in engine)]
     try:
-        backend, why = choose_backend(devices)
-    except NCCLUnavailableError as exc:
-        raise JobFailed(f"weight sync set-up: {exc}") from exc
-    logger.info("sync_method nccl: %s", why)
-    address, port = _get(
-        ray, trainer.open_weight_group.remote(len(devices), backend, timeout), "weight sync set-up"
-    )
-    _get_together(
-        ray,
-        [
-            trainer.connect_weight_group.remote(),
-            explorer.init_weight_group.remote(address, port, len(devices), backend, timeout),
-        ],
-        f"creating the weight-sync group ({backend}, {len(devices)} ranks)",
-        timeout,
-    )
-
-
-def _broadcast_weights(ray: Any, config: Config, explorer: Any, trainer: Any) -> int:
-    """One ``nccl`` sync: the metadata through Ray, then the trainer's broadcast and the
-    explorer's receive issued together (one waits for the other inside the collective)."""
-    # Waits for a train step still running: the snapshot is taken after it.
-    metas, version = _get(ray, trainer.prepare_weights.remote(), "trainer weights for the broadcast")
-    _get_together(
-        ray,
-        [trainer.send_weights.remote(), explorer.receive_weights.remote(metas, version)],
-        f"weight sync (broadcast of version {version})",
-        float(config.synchronizer.sync_timeout),
-    )
-    return version
+        return call(*args)
+    except WeightSyncFailed as exc:
+        raise JobFailed(str(exc)) from exc

@@ -32,11 +32,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pluggy
 
 from trinity import hookspecs
+
+if TYPE_CHECKING:
+    from trinity.algorithm.advantage import AdvantageFn
+    from trinity.algorithm.algorithm_type import AlgorithmType
+    from trinity.algorithm.entropy import EntropyLossFn
+    from trinity.algorithm.kl import KLFn
+    from trinity.algorithm.policy_loss import PolicyLossFn
+    from trinity.algorithm.sample_strategy import SampleStrategy
+    from trinity.workflow import RewardFn, Workflow
 
 ENTRY_POINT_GROUP = "trinity"
 ENV_LOAD = "TRINITY_LOAD_PLUGINS"
@@ -47,78 +56,47 @@ ENV_TRACE = "TRINITY_TRACE_HOOKS"
 
 @dataclass(frozen=True)
 class Kind:
-    """A kind of component: the hook that registers it and the base class it must subclass."""
+    """A kind of component: the hook that registers it, the base class it must subclass, and
+    where users get first-party components of that kind (read from :mod:`trinity.hookspecs`)."""
 
     name: str
     hook: str
     base: str  # "module:Class", imported on first type check to keep this module light
+    install_hint: str = ""
 
     def base_class(self) -> type:
         module, _, attr = self.base.partition(":")
         return getattr(importlib.import_module(module), attr)
 
+    @property
+    def plural(self) -> str:
+        return self.name[:-1] + "ies" if self.name.endswith("y") else self.name + "s"
 
-KINDS: dict[str, Kind] = {
-    k.name: k
-    for k in (
-        Kind("workflow", "register_workflows", "trinity.workflow:Workflow"),
-        Kind("reward_fn", "register_reward_fns", "trinity.workflow:RewardFn"),
-        Kind("advantage_fn", "register_advantage_fns", "trinity.algorithm.advantage:AdvantageFn"),
-        Kind("policy_loss_fn", "register_policy_loss_fns", "trinity.algorithm.policy_loss:PolicyLossFn"),
-        Kind("kl_fn", "register_kl_fns", "trinity.algorithm.kl:KLFn"),
-        Kind("entropy_loss_fn", "register_entropy_loss_fns", "trinity.algorithm.entropy:EntropyLossFn"),
-        Kind(
-            "sample_strategy",
-            "register_sample_strategies",
-            "trinity.algorithm.sample_strategy:SampleStrategy",
-        ),
-        Kind("algorithm_type", "register_algorithm_types", "trinity.algorithm.algorithm_type:AlgorithmType"),
-    )
-}
+
+def _kinds_from_hookspecs() -> dict[str, Kind]:
+    kinds: dict[str, Kind] = {}
+    for hook, func in vars(hookspecs).items():
+        spec = getattr(func, hookspecs.KIND_ATTRIBUTE, None)
+        if isinstance(spec, hookspecs.KindSpec) and hook.startswith("register_"):
+            kinds[spec.name] = Kind(spec.name, hook, spec.base, spec.install_hint)
+    return kinds
+
+
+#: Every component kind, in hookspec order: ``{kind name: Kind}``.
+KINDS: dict[str, Kind] = _kinds_from_hookspecs()
 _KIND_BY_HOOK = {k.hook: k for k in KINDS.values()}
 
-# Which first-party distribution provides well-known names, for "pip install ..." hints when
-# a user asks for a component whose plugin is not installed.
-KNOWN_PROVIDERS: dict[str, dict[str, tuple[str, ...]]] = {
-    "trinity-plugins-algos": {
-        "algorithm_type": (
-            "ppo",
-            "grpo",
-            "dapo",
-            "opmd",
-            "asymre",
-            "rloo",
-            "reinforceplusplus",
-            "gspo",
-            "cispo",
-            "dpo",
-            "sft",
-            "mix",
-        ),
-        "advantage_fn": ("ppo", "grpo", "opmd", "rloo", "reinforceplusplus", "reinforce", "asymre", "remax"),
-        "policy_loss_fn": ("ppo", "opmd", "sft", "dpo", "gspo", "cispo", "mix"),
-        "kl_fn": ("none", "k1", "k2", "k3", "low_var_kl", "abs"),
-        "entropy_loss_fn": ("default", "none"),
-        "sample_strategy": ("default", "warmup", "mix", "staleness_control"),
-    },
-    "trinity-plugins-math": {
-        "workflow": (
-            "math_workflow",
-            "simple_workflow",
-            "math_boxed_workflow",
-            "async_math_workflow",
-            "async_simple_workflow",
-        ),
-        "reward_fn": (
-            "math_reward",
-            "math_boxed_reward",
-            "countdown_reward",
-            "accuracy_reward",
-            "format_reward",
-        ),
-    },
-    "trinity-plugins-webshop": {"workflow": ("webshop_workflow",)},
-}
+#: The kind names as a type, for :func:`get_component`'s callers (kept equal to ``KINDS`` by a test).
+ComponentKind = Literal[
+    "workflow",
+    "reward_fn",
+    "advantage_fn",
+    "policy_loss_fn",
+    "kl_fn",
+    "entropy_loss_fn",
+    "sample_strategy",
+    "algorithm_type",
+]
 
 
 class PluginError(Exception):
@@ -134,27 +112,24 @@ class PluginLoadError(PluginError):
 
 
 class UnknownComponentError(PluginError, LookupError):
-    """No component of that kind is registered under that name."""
+    """No component of that kind is registered under that name (or, for a dotted class path,
+    the class cannot be imported or is not of that kind: ``reason`` says which)."""
 
-    def __init__(self, kind: str, name: str, installed: list[str]) -> None:
-        self.kind, self.name, self.installed = kind, name, installed
-        parts = [f"Unknown {kind} {name!r}."]
-        close = difflib.get_close_matches(name, installed, n=1)
-        if close:
-            parts.append(f"Did you mean {close[0]!r}?")
-        plural = kind[:-1] + "ies" if kind.endswith("y") else kind + "s"
+    def __init__(self, kind: str, name: str, installed: list[str], reason: str | None = None) -> None:
+        self.kind, self.name, self.installed, self.reason = kind, name, installed, reason
+        if reason:
+            parts = [f"Cannot use {kind} {name!r}: {reason}."]
+        else:
+            parts = [f"Unknown {kind} {name!r}."]
+            close = difflib.get_close_matches(name, installed, n=1)
+            if close:
+                parts.append(f"Did you mean {close[0]!r}?")
+        known = KINDS.get(kind)
+        plural = known.plural if known else kind + "s"
         parts.append(f"Installed {plural}: {', '.join(installed) if installed else '(none)'}.")
-        provider = _known_provider(kind, name)
-        if provider:
-            parts.append(f"{name!r} is provided by {provider}: pip install {provider}")
+        if known and known.install_hint and not reason:
+            parts.append(f"More {plural}: {known.install_hint}.")
         super().__init__(" ".join(parts))
-
-
-def _known_provider(kind: str, name: str) -> str | None:
-    for dist, kinds in KNOWN_PROVIDERS.items():
-        if name in kinds.get(kind, ()):
-            return dist
-    return None
 
 
 @dataclass
@@ -276,8 +251,7 @@ class TrinityPluginManager:
             if _normalise(file.stem) in deny:
                 self._infos[name] = PluginInfo(name, None, "plugin-dir", disabled=f"in {ENV_DISABLE}")
                 continue
-            digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
-            mod_name = f"trinity_plugin_dir_{digest}_{file.stem}"
+            mod_name = _dir_module_name(file)
             try:
                 module = sys.modules.get(mod_name) or _import_file(mod_name, file)
             except Exception as exc:
@@ -380,18 +354,84 @@ class TrinityPluginManager:
 
     # -- queries ---------------------------------------------------------------------------
 
+    @overload
+    def get_component(self, kind: Literal["workflow"], name: str) -> type[Workflow]: ...
+    @overload
+    def get_component(self, kind: Literal["reward_fn"], name: str) -> type[RewardFn]: ...
+    @overload
+    def get_component(self, kind: Literal["advantage_fn"], name: str) -> type[AdvantageFn]: ...
+    @overload
+    def get_component(self, kind: Literal["policy_loss_fn"], name: str) -> type[PolicyLossFn]: ...
+    @overload
+    def get_component(self, kind: Literal["kl_fn"], name: str) -> type[KLFn]: ...
+    @overload
+    def get_component(self, kind: Literal["entropy_loss_fn"], name: str) -> type[EntropyLossFn]: ...
+    @overload
+    def get_component(self, kind: Literal["sample_strategy"], name: str) -> type[SampleStrategy]: ...
+    @overload
+    def get_component(self, kind: Literal["algorithm_type"], name: str) -> type[AlgorithmType]: ...
+    @overload
+    def get_component(self, kind: str, name: str) -> type: ...
+
     def get_component(self, kind: str, name: str) -> type:
-        """The class registered as ``name`` for ``kind`` (see :data:`KINDS`)."""
+        """The class registered as ``name`` for ``kind`` (see :data:`KINDS`).
+
+        A name that is not registered but has a dot (``pkg.module.Class``, as upstream configs
+        name workflows) is imported as a class path, from installed modules or a
+        ``--plugin-dir`` folder, and must subclass the kind's base class.
+        """
         registry = self._kind_registry(kind)
+        entry = registry.get(name)
+        if entry is not None:
+            return entry[0]
+        if "." in name.strip(".") and " " not in name:
+            return self._import_class_path(KINDS[kind], name, sorted(registry))
+        raise UnknownComponentError(kind, name, sorted(registry))
+
+    def _import_class_path(self, kind: Kind, path: str, installed: list[str]) -> type:
+        module_name, _, attr = path.rpartition(".")
+
+        def fail(reason: str) -> UnknownComponentError:
+            return UnknownComponentError(kind.name, path, installed, reason)
+
         try:
-            return registry[name][0]
-        except KeyError:
-            raise UnknownComponentError(kind, name, sorted(registry)) from None
+            module = self._import_module(module_name)
+        except Exception as exc:  # any import failure is the user's to fix: say which and why
+            raise fail(
+                f"it is not registered, and importing {module_name!r} as a class path failed "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+        cls = getattr(module, attr, None)
+        if cls is None:
+            raise fail(f"it is not registered, and module {module_name!r} has no attribute {attr!r}")
+        base = kind.base_class()
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            raise fail(f"{cls!r} is not a subclass of {base.__module__}.{base.__qualname__}")
+        return cls
+
+    def _import_module(self, module_name: str) -> ModuleType:
+        """Import ``module_name``; its top-level package may be a file or folder of a
+        ``--plugin-dir`` (those win over installed modules, as the user pointed at them)."""
+        top, _, rest = module_name.partition(".")
+        for directory in self._plugin_dirs:
+            file, package = directory / f"{top}.py", directory / top / "__init__.py"
+            if file.is_file():
+                if rest:
+                    raise ImportError(f"{file} is a module, not a package holding {module_name!r}")
+                mod_name = _dir_module_name(file)
+                return sys.modules.get(mod_name) or _import_file(mod_name, file)
+            if package.is_file():
+                loaded = sys.modules.get(top)
+                if loaded is None or Path(getattr(loaded, "__file__", "") or "").resolve() != package:
+                    _import_file(top, package, search=package.parent)
+                return importlib.import_module(module_name)
+        return importlib.import_module(module_name)
 
     def component_provider(self, kind: str, name: str) -> str:
-        """Name of the plugin that registered ``name``."""
-        self.get_component(kind, name)
-        return self._registry[kind][name][1]
+        """Name of the plugin that registered ``name`` (for a class path: its module)."""
+        cls = self.get_component(kind, name)
+        entry = self._registry[kind].get(name)
+        return entry[1] if entry is not None else cls.__module__
 
     def list_components(self, kind: str) -> list[str]:
         """Sorted names registered for ``kind``."""
@@ -424,8 +464,15 @@ def _dist_name(ep: metadata.EntryPoint) -> str:
     return ep.dist.name if ep.dist is not None else ep.name
 
 
-def _import_file(mod_name: str, file: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(mod_name, file)
+def _dir_module_name(file: Path) -> str:
+    """The ``sys.modules`` name of a plugin-dir file (unique per path, stable across processes)."""
+    digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
+    return f"trinity_plugin_dir_{digest}_{file.stem}"
+
+
+def _import_file(mod_name: str, file: Path, search: Path | None = None) -> ModuleType:
+    locations = [str(search)] if search is not None else None
+    spec = importlib.util.spec_from_file_location(mod_name, file, submodule_search_locations=locations)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {file}")
     module = importlib.util.module_from_spec(spec)
@@ -485,8 +532,29 @@ def add_plugin_dirs(dirs: Iterable[str | os.PathLike]) -> None:
     os.environ[ENV_DIRS] = os.pathsep.join(str(p) for p in manager.plugin_dirs)
 
 
+@overload
+def get_component(kind: Literal["workflow"], name: str) -> type[Workflow]: ...
+@overload
+def get_component(kind: Literal["reward_fn"], name: str) -> type[RewardFn]: ...
+@overload
+def get_component(kind: Literal["advantage_fn"], name: str) -> type[AdvantageFn]: ...
+@overload
+def get_component(kind: Literal["policy_loss_fn"], name: str) -> type[PolicyLossFn]: ...
+@overload
+def get_component(kind: Literal["kl_fn"], name: str) -> type[KLFn]: ...
+@overload
+def get_component(kind: Literal["entropy_loss_fn"], name: str) -> type[EntropyLossFn]: ...
+@overload
+def get_component(kind: Literal["sample_strategy"], name: str) -> type[SampleStrategy]: ...
+@overload
+def get_component(kind: Literal["algorithm_type"], name: str) -> type[AlgorithmType]: ...
+@overload
+def get_component(kind: str, name: str) -> type: ...
+
+
 def get_component(kind: str, name: str) -> type:
-    """The class registered as ``name`` for ``kind``; raises :class:`UnknownComponentError`."""
+    """The class registered as ``name`` for ``kind``, or the class at a dotted path
+    (``pkg.module.Class``) of that kind; raises :class:`UnknownComponentError`."""
     return get_manager().get_component(kind, name)
 
 

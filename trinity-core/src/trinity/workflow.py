@@ -1,8 +1,13 @@
-"""Tasks, workflows, reward functions and the model interface workflows talk to."""
+"""Tasks, workflows, reward functions and the model interface workflows talk to.
+
+:class:`ModelWrapperProtocol` is what a workflow may rely on of its ``model``;
+:class:`trinity.explorer.model_wrapper.ModelWrapper` is the class the explorer hands it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -60,7 +65,7 @@ class Task:
         value = self.raw_task.get(self.format_args.response_key)
         return None if value is None else str(value)
 
-    def to_workflow(self, model: ModelWrapper, auxiliary_models: list[Any] | None = None) -> Workflow:
+    def to_workflow(self, model: ModelWrapperProtocol, auxiliary_models: list[Any] | None = None) -> Workflow:
         """Instantiate this task's workflow."""
         if self.workflow is None:
             raise ValueError(f"task {self.index} of taskset {self.taskset_name!r} has no workflow")
@@ -85,7 +90,7 @@ class Workflow(ABC):
         self,
         *,
         task: Task,
-        model: ModelWrapper,
+        model: ModelWrapperProtocol,
         auxiliary_models: list[Any] | None = None,
     ) -> None:
         self.task = task
@@ -124,8 +129,11 @@ class RewardFn(Component, ABC):
 
 
 @runtime_checkable
-class ModelWrapper(Protocol):
-    """What a workflow sees of the rollout model (one engine, possibly remote)."""
+class ModelWrapperProtocol(Protocol):
+    """What a workflow sees of the rollout model (one engine, possibly remote).
+
+    :class:`trinity.explorer.model_wrapper.ModelWrapper` implements it; test doubles may too.
+    """
 
     @property
     def model_version(self) -> int:
@@ -152,3 +160,17 @@ class ModelWrapper(Protocol):
 
     def get_openai_client(self) -> Any:
         """An OpenAI-compatible client backed by this engine (bound to 127.0.0.1)."""
+
+
+def __getattr__(name: str) -> Any:
+    # ``trinity.workflow.ModelWrapper`` was this protocol's old name; it now names only the
+    # class in trinity.explorer.model_wrapper, so old imports keep working with a warning.
+    if name == "ModelWrapper":
+        warnings.warn(
+            "trinity.workflow.ModelWrapper is now trinity.workflow.ModelWrapperProtocol (the class "
+            "workflows receive is trinity.explorer.model_wrapper.ModelWrapper)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ModelWrapperProtocol
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -329,7 +329,7 @@ SENTINELS = [
     ("highest-ports", _with("explorer: {proxy_port: 65535, rollout_model: {base_port: 65528}}")),
     (
         "dotted-class-path-workflow",
-        (_TASKSET, _TASKSET + "\n            default_workflow_type: pkg.mod.MyFlow"),
+        (_TASKSET, _TASKSET + "\n            default_workflow_type: trinity_math.workflows.MathWorkflow"),
     ),
     ("case-insensitive-enums", _with("monitor: {monitor_type: TensorBoard}")),
 ]
@@ -338,6 +338,13 @@ SENTINELS = [
 @pytest.mark.parametrize("edit", [c[1] for c in SENTINELS], ids=[c[0] for c in SENTINELS])
 def test_sentinel_values_still_load(write_yaml, minimal_yaml, edit) -> None:
     load_config(write_yaml(_text(minimal_yaml, edit)))
+
+
+def test_a_dotted_class_path_that_does_not_import_is_a_mistake(write_yaml, minimal_yaml) -> None:
+    edit = (_TASKSET, _TASKSET + "\n            default_workflow_type: pkg.mod.MyFlow")
+    with pytest.raises(ConfigError) as info:
+        load_config(write_yaml(_text(minimal_yaml, edit)))
+    assert info.value.key.endswith(".default_workflow_type") and "pkg.mod.MyFlow" in str(info.value)
 
 
 def test_fixed_lists_match_the_code_that_uses_them() -> None:

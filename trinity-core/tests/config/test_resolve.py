@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from trinity.config import Config, ConfigError, load_config, resolve_config
+from trinity.config import Config, ConfigError, load_config, resolve_config, stage_configs
 from trinity.config import resolve as resolve_module
 
 REAL_GPU_PROBE = resolve_module.gpu_backend_available  # the autouse fixture replaces it in tests
@@ -159,7 +159,7 @@ def test_programmatic_config_resolves() -> None:
     assert resolved.buffer.train_batch_size == 3
     assert resolved.buffer.explorer_input.tasksets[0].name == "taskset_0"
     assert config.buffer.train_batch_size is None  # the input is not modified
-    assert [c.name for c in resolved.stage_configs()] == ["rft"]
+    assert [c.name for c in stage_configs(resolved)] == ["rft"]
 
 
 STAGES = """
@@ -194,7 +194,7 @@ STAGES = """
 
 def test_stages_inherit_global_keys(write_yaml) -> None:
     config = load_config(write_yaml(STAGES))
-    sft, rft = config.stage_configs()
+    sft, rft = stage_configs(config)
     assert (sft.name, rft.name) == ("exp/sft_warmup", "exp/rft")
     assert sft.job_dir.endswith(os.path.join("Trinity-RFT", "exp", "sft_warmup"))
     # A different algorithm type replaces the algorithm section: grpo's components are not inherited.
@@ -209,14 +209,14 @@ def test_stages_inherit_global_keys(write_yaml) -> None:
     assert rft.buffer.train_batch_size == 32  # 4 * 8, recomputed for the stage
     assert rft.buffer.explorer_input.tasksets[0].repeat_times == 8
     assert rft.trainer.save_interval == 3
-    assert rft.stage_configs() == [rft]
+    assert stage_configs(rft) == [rft]
 
 
 def test_stage_errors_name_the_stage(write_yaml) -> None:
     path = write_yaml(STAGES.replace("repeat_times: 8", "repeat_times: 1"))
     config = load_config(path)
     with pytest.raises(ConfigError) as info:
-        config.stage_configs()
+        stage_configs(config)
     message = str(info.value)
     assert "in stage 'rft'" in message and "repeat_times must be at least 2" in message
     assert message.startswith(str(path) + ": ")

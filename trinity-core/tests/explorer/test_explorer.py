@@ -123,16 +123,21 @@ def test_explore_steps_write_stamped_experiences(tmp_path, tiny_model_path, engi
     assert batch[0].info["taskset"] == "train"
 
 
-def test_explore_loop_evals_and_finishes(tmp_path, tiny_model_path, engine, plugins):
+def test_steps_until_the_taskset_ends_and_evals_write_nothing(tmp_path, tiny_model_path, engine, plugins):
+    # When to eval is the launcher's schedule (tests/launcher); here: what a step and an eval do.
     writer = ListWriter()
     explorer = Explorer(_config(tmp_path, tiny_model_path, eval_interval=2), engines=[engine], writer=writer)
-    history = explorer.explore()
-    # startup eval, then 3 steps (5 rows / batch 2), eval after step 2
-    assert [h["step"] for h in history] == [0.0, 1.0, 2.0, 3.0]
-    assert "eval/dev/accuracy" in history[0] and "eval/dev/accuracy" in history[2]
-    assert "eval/dev/accuracy" not in history[1] and "eval/dev/accuracy" not in history[3]
-    assert "eval/dev/accuracy/pass@3" in history[0]
-    assert history[0]["eval/dev/accuracy/pass@3"] >= history[0]["eval/dev/accuracy/mean@3"]
+    startup = explorer.eval()
+    steps = []
+    while (metrics := explorer.explore_step()) is not None:
+        steps.append(metrics)
+        if explorer.explore_step_num == 2:
+            metrics.update(explorer.eval())
+    assert len(steps) == 3  # 5 rows / batch 2
+    assert "eval/dev/accuracy" in startup and "eval/dev/accuracy" in steps[1]
+    assert "eval/dev/accuracy" not in steps[0] and "eval/dev/accuracy" not in steps[2]
+    assert "eval/dev/accuracy/pass@3" in startup
+    assert startup["eval/dev/accuracy/pass@3"] >= startup["eval/dev/accuracy/mean@3"]
     assert writer.finished
     assert sum(len(b) for b in writer.batches) == 5 * 2  # eval experiences are not written
     assert explorer.explore_step() is None

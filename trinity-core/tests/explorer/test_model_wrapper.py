@@ -12,7 +12,7 @@ import torch
 
 from trinity.explorer.model_wrapper import ModelWrapper, assistant_token_mask
 from trinity.testing.tiny_model import CHAT_TEMPLATE, IM_END
-from trinity.workflow import ModelWrapper as ModelWrapperProtocol
+from trinity.workflow import ModelWrapperProtocol
 
 CONVERSATION = [
     {"role": "system", "content": "be brief"},

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from trinity.config import load_config
+from trinity.config import load_config, stage_configs
 from trinity.launcher import start_from
 
 CONFIG = """
@@ -33,16 +33,16 @@ stages:
 def test_second_stage_rolls_out_and_trains_the_first_stages_weights(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(CONFIG)
-    sft, rl = load_config(path).stage_configs()
+    sft, rl = stage_configs(load_config(path))
     assert rl.explorer.rollout_model.model_path == "/models/base"  # as resolved, before the run
 
-    start_from(rl, "/ckpt/sft/global_step_10")
+    rl = start_from(rl, "/ckpt/sft/global_step_10")
     assert rl.model.model_path == "/ckpt/sft/global_step_10"
     assert rl.explorer.rollout_model.model_path == "/ckpt/sft/global_step_10"
     assert rl.model.critic_model_path == "/ckpt/sft/global_step_10"
     assert rl.buffer.tokenizer_path == "/ckpt/sft/global_step_10"
 
-    start_from(sft, "/ckpt/other")
+    sft = start_from(sft, "/ckpt/other")
     assert sft.buffer.trainer_input.experience_buffer.tokenizer_path == "/ckpt/other"
 
 
@@ -51,10 +51,27 @@ def test_paths_the_user_set_elsewhere_are_kept(tmp_path):
     path.write_text(
         CONFIG.replace("max_response_tokens: 8}", "max_response_tokens: 8, critic_model_path: /critic}")
     )
-    _, rl = load_config(path).stage_configs()
-    start_from(rl, "/ckpt/new")
+    _, rl = stage_configs(load_config(path))
+    rl = start_from(rl, "/ckpt/new")
     assert rl.model.critic_model_path == "/critic"
     assert rl.explorer.rollout_model.model_path == "/ckpt/new"
+
+
+def test_keys_interpolated_from_the_model_path_follow_it(tmp_path):
+    # ${model.model_path} is replaced by the path when the YAML loads: the later stage must
+    # still roll out, and tokenize with, the previous stage's weights.
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        CONFIG.replace(
+            "explorer: {rollout_model: {engine_type: transformers}}",
+            "explorer: {rollout_model: {engine_type: transformers, model_path: '${model.model_path}'}}",
+        )
+    )
+    _, rl = stage_configs(load_config(path))
+    assert "model_path" in rl._source["explorer"]["rollout_model"]  # the user set it
+    rl = start_from(rl, "/ckpt/sft/global_step_10")
+    assert rl.explorer.rollout_model.model_path == "/ckpt/sft/global_step_10"
+    assert rl.checkpoint_job_dir.endswith("/p/n/rl")  # everything else resolved as before
 
 
 def test_an_interrupt_whose_raise_was_swallowed_still_stops_the_step_loop():

@@ -1,77 +1,62 @@
-"""The launcher's side of ``sync_method: nccl``: calls that must run together (the trainer's
-broadcast and the explorer's receive) end in a clear :class:`JobFailed` — naming every side's
-error — when one side fails, and when a side hangs past the sync timeout, instead of waiting."""
+"""The launcher's side of weight sync: it opens the stage's transport (logging what it chose),
+syncs and closes through :func:`trinity.launcher._sync`, which turns a transport's
+:class:`WeightSyncFailed` (naming every side's error; see tests/sync/test_transport.py) into a
+:class:`JobFailed` with the same message."""
 
 from __future__ import annotations
 
-import time
+import logging
+from types import SimpleNamespace
 
 import pytest
 
-from trinity.launcher import JobFailed, _get_together
-
-ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
+from trinity.launcher import JobFailed, _open_weight_sync, _sync
+from trinity.sync.transport import WeightSyncFailed
 
 
-@ray.remote
-def _answer(value, delay=0.0):
-    time.sleep(delay)
-    return value
+def test_the_launcher_fails_the_job_with_the_transports_message():
+    def broken():
+        raise WeightSyncFailed("weight sync (broadcast of version 2): WeightSyncError('rank 1 refused')")
+
+    with pytest.raises(JobFailed, match=r"^weight sync \(broadcast of version 2\): WeightSyncError"):
+        _sync(broken)
+    assert _sync(lambda version: version, 7) == 7
 
 
-@ray.remote
-def _fail(message, delay=0.0):
-    from trinity.sync.nccl import WeightSyncError
+class _Transport:
+    method = "nccl"
 
-    time.sleep(delay)
-    raise WeightSyncError(message)
+    def __init__(self, chosen="", fail=None):
+        self.chosen, self.fail = chosen, fail
+
+    def open(self):
+        if self.fail:
+            raise WeightSyncFailed(self.fail)
+        return self.chosen
 
 
-def test_results_in_submission_order(local_ray):
-    refs = [_answer.remote("sent", 0.2), _answer.remote("received")]
-    assert _get_together(local_ray, refs, "weight sync", timeout=30) == ["sent", "received"]
+def _config(method="nccl"):
+    return SimpleNamespace(synchronizer=SimpleNamespace(sync_method=method, sync_timeout=60))
 
 
-def test_one_side_failing_fails_the_job_with_every_sides_reason(local_ray, monkeypatch):
-    monkeypatch.setattr("trinity.launcher._COLLECT_ERRORS_S", 2.0)
-    refs = [
-        _fail.remote("rank 1 refused the weights", 0.3),  # the trainer learns it in the handshake
-        _fail.remote("refused the weights: x.weight is not in the model"),
+def test_a_stage_opens_one_transport_and_logs_what_it_chose(monkeypatch, caplog):
+    made = []
+
+    def make(method, ray, explorer, trainer, timeout_s):
+        made.append((method, explorer, trainer, timeout_s))
+        return _Transport("no CUDA device, broadcasting over gloo to 2 rank(s)")
+
+    monkeypatch.setattr("trinity.sync.make_transport", make)
+    assert _open_weight_sync(None, _config(), None, "trainer") is None  # nothing to sync to
+    assert _open_weight_sync(None, _config(), "explorer", None) is None
+    with caplog.at_level(logging.INFO, logger="trinity.launcher"):
+        transport = _open_weight_sync(None, _config(), "explorer", "trainer")
+    assert made == [("nccl", "explorer", "trainer", 60)] and isinstance(transport, _Transport)
+    assert [r.getMessage() for r in caplog.records if r.name == "trinity.launcher"] == [
+        "sync_method nccl: no CUDA device, broadcasting over gloo to 2 rank(s)"
     ]
-    with pytest.raises(JobFailed) as failed:
-        _get_together(local_ray, refs, "weight sync (broadcast of version 3)", timeout=60)
-    message = str(failed.value)
-    assert message.startswith("weight sync (broadcast of version 3): WeightSyncError(")
-    assert "x.weight is not in the model" in message and "rank 1 refused the weights" in message
-
-
-def test_a_failure_does_not_wait_for_a_hanging_side(local_ray, monkeypatch):
-    monkeypatch.setattr("trinity.launcher._COLLECT_ERRORS_S", 1.0)
-    start = time.monotonic()
-    with pytest.raises(JobFailed, match="could not join"):
-        _get_together(
-            local_ray,
-            [_answer.remote("never", 60), _fail.remote("could not join")],
-            "weight sync",
-            timeout=60,
-        )
-    assert time.monotonic() - start < 15
-
-
-def test_a_side_hanging_past_the_timeout_fails_the_job(local_ray):
-    start = time.monotonic()
-    with pytest.raises(JobFailed, match=r"no answer within synchronizer.sync_timeout \(1 s\)"):
-        _get_together(
-            local_ray, [_answer.remote("late", 60), _answer.remote("ok")], "weight sync", 1, grace=0.5
-        )
-    assert time.monotonic() - start < 10
+    monkeypatch.setattr(
+        "trinity.sync.make_transport", lambda *a: _Transport(fail="weight sync set-up: no GPU for nccl")
+    )
+    with pytest.raises(JobFailed, match=r"^weight sync set-up: no GPU for nccl$"):
+        _open_weight_sync(None, _config(), "explorer", "trainer")

@@ -113,3 +113,42 @@ def test_mlflow_local_store(tmp_path):
     client = mlflow.MlflowClient(tracking_uri=inner.tracking_uri)
     history = client.get_metric_history(inner._run_id, "actor/pg_loss")
     assert [(m.step, m.value) for m in history] == [(3, 2.0)]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("taskset_flag", "buffer_flag", "explorer_bar", "trainer_bar"),
+    [
+        (None, None, True, True),
+        (False, None, False, True),
+        (None, False, True, False),
+        (True, True, True, True),
+    ],
+)
+def test_console_progress_bar_follows_enable_progress_bar(
+    tmp_path, monkeypatch, taskset_flag, buffer_flag, explorer_bar, trainer_bar
+):
+    """Upstream's `enable_progress_bar` of the storage a role reads: false -> plain lines."""
+    taskset = {"path": "t.jsonl"} | ({} if taskset_flag is None else {"enable_progress_bar": taskset_flag})
+    buffer = {} if buffer_flag is None else {"enable_progress_bar": buffer_flag}
+    config = Config(
+        checkpoint_root_dir=str(tmp_path),
+        monitor={"monitor_type": "console"},
+        buffer={
+            "explorer_input": {"tasksets": [taskset]},
+            "trainer_input": {"experience_buffer": buffer},
+        },
+    )
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    for role, bar in (("explorer", explorer_bar), ("trainer", trainer_bar)):
+        monitor = get_monitors(config, role=role, total_steps=3)
+        monitor.log({"rollout/reward_mean": 0.25}, 1)
+        monitor.close()
+        assert monitor.monitors[0].use_rich is bar, role
+    if not explorer_bar:
+        assert "[explorer] step 1/3 reward 0.2500" in terminal.getvalue()

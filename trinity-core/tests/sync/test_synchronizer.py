@@ -45,7 +45,7 @@ def test_interval_2_offset_1():
     # Batches 1-3 come from the initial model, 4-5 from version 2, 6-7 from version 4.
     assert versions == [0, 0, 0, 2, 2, 4, 4]
     assert lead <= sync.max_lead == 3
-    assert [s for s in range(1, 7) if sync.trainer_should_publish(s)] == [2, 4, 6]
+    assert [s for s in range(1, 7) if sync.published_version(s) == s] == [2, 4, 6]
 
 
 def test_dynamic_loads_newest_and_bounds_lead():

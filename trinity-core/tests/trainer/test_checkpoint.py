@@ -80,7 +80,9 @@ def test_incomplete_checkpoint_is_ignored(tmp_path):
 
 
 def test_fresh_run_in_used_folder_gets_timestamped_name(config_factory):
-    config = config_factory({"algorithm_type": "sft"}).model_copy(update={"continue_from_checkpoint": False})
+    from trinity.config.resolve import resolve_with
+
+    config = resolve_with(config_factory({"algorithm_type": "sft"}), {"continue_from_checkpoint": False})
     assert ckpt.apply_continue_rule(config) is config  # job dir does not exist yet
     os.makedirs(config.job_dir)
     now = datetime.datetime(2025, 1, 2, 3, 4, 5)
@@ -91,5 +93,12 @@ def test_fresh_run_in_used_folder_gets_timestamped_name(config_factory):
     assert renamed.monitor.cache_dir == os.path.join(renamed.job_dir, "monitor")
     assert renamed.log.save_dir == os.path.join(renamed.job_dir, "log")
     assert renamed.ray_namespace == "test/run_20250102030405"
-    resume = config.model_copy(update={"continue_from_checkpoint": True})
+    # Derived from the name anew, as on load: the storages' namespaces follow too.
+    assert renamed.buffer.trainer_input.experience_buffer.ray_namespace == "test/run_20250102030405"
+    assert renamed.synchronizer.ray_namespace == "test/run_20250102030405"
+    assert not renamed.continue_from_checkpoint
+    # mode bench evaluates the checkpoints in the folder: never renamed.
+    bench = config.model_copy(update={"mode": "bench"})
+    assert ckpt.apply_continue_rule(bench, now=now) is bench
+    resume = resolve_with(config, {"continue_from_checkpoint": True})
     assert ckpt.apply_continue_rule(resume, now=now).name == "run"

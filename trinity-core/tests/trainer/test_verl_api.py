@@ -249,15 +249,13 @@ class _ActorGroup:
         self.loaded.append(local_path)
 
 
-@pytest.fixture
-def grpo_trainer(tmp_path):
+def _grpo_config(tmp_path, trainer: dict, **algorithm):
     from trinity.config import resolve_config
     from trinity.config.validation import validate_config
     from trinity.testing.tiny_model import create_tiny_model
-    from trinity.trainer.verl.trainer import VerlTrainer
 
     model = str(create_tiny_model(tmp_path / "tiny", hidden_size=32, num_layers=1))
-    config = resolve_config(
+    return resolve_config(
         validate_config(
             {
                 "mode": "train",
@@ -269,6 +267,7 @@ def grpo_trainer(tmp_path):
                     "repeat_times": 2,
                     "kl_loss_fn": "low_var_kl",
                     "entropy_loss_fn_args": {"entropy_coef": 0.01},
+                    **algorithm,
                 },
                 "buffer": {
                     "batch_size": 2,
@@ -276,10 +275,17 @@ def grpo_trainer(tmp_path):
                         "experience_buffer": {"name": "e", "storage_type": "sql", "path": "sqlite:///x.db"}
                     },
                 },
-                "trainer": {"trainer_type": "verl", "save_hf_checkpoint": "always"},
+                "trainer": trainer,
             }
         )
     )
+
+
+@pytest.fixture
+def grpo_trainer(tmp_path):
+    from trinity.trainer.verl.trainer import VerlTrainer
+
+    config = _grpo_config(tmp_path, {"trainer_type": "verl", "save_hf_checkpoint": "always"})
     actor = _ActorGroup(ActorLoss.from_config(config))
     return VerlTrainer(config, workers={"actor": actor, "ref": actor}), actor
 
@@ -327,3 +333,54 @@ def test_driver_checkpoints_in_our_layout_and_resumes(grpo_trainer):
     trainer.global_step = 0
     assert trainer.load_checkpoint() == {"reader": 7}
     assert trainer.global_step == 1 and actor.loaded == [os.path.join(path, "actor")]
+
+
+def test_driver_rejects_missing_rollout_logprobs_naming_the_loss(grpo_trainer):
+    from trinity.trainer.components import MissingInputError
+
+    trainer, actor = grpo_trainer
+    trainer.config.trainer.use_rollout_logprobs = True
+    exps = _experiences()
+    exps[0].logprobs = None
+    with pytest.raises(
+        MissingInputError, match=r"policy_loss_fn 'ppo' needs 'old_logprob'.*use_rollout_logprobs"
+    ):
+        trainer.train_step(exps)
+    assert actor.updates == []
+
+
+def test_native_and_verl_losses_agree_on_a_real_micro_batch(tmp_path):
+    """The same batch and model output through the native trainer's loss and through veRL's
+    unpadded micro-batch into ActorLoss: the same loss and the same gradients."""
+    from trinity.trainer.forward import forward_logprobs
+    from trinity.trainer.native import NativeTrainer
+
+    config = _grpo_config(tmp_path, {"trainer_type": "native"}, kl_loss_fn_args={"kl_coef": 0.1})
+    native = NativeTrainer(config)
+    batch = build_verl_batch(_experiences())
+    shape = batch["action_mask"].shape
+    gen = torch.Generator().manual_seed(0)
+    batch["old_logprob"] = -torch.rand(shape, generator=gen)
+    batch["ref_logprob"] = -torch.rand(shape, generator=gen)
+    batch["advantages"] = torch.randn(shape, generator=gen)
+    logprob, entropy = forward_logprobs(native.model, batch, entropy="grad")
+    native_loss, native_metrics = native._actor_loss(logprob, entropy, dict(batch))
+
+    loss_fn = pickle.loads(pickle.dumps(ActorLoss.from_config(config)))
+    td = left_right_2_no_padding(batch_to_dataproto(batch).to_tensordict())
+    tu.assign_non_tensor(td, batch_num_tokens=float(batch["action_mask"].sum()), dp_size=1)
+    model_output = {"log_probs": _nested_like(logprob, td), "entropy": _nested_like(entropy, td)}
+    verl_loss, verl_metrics = loss_fn(model_output=model_output, data=td)
+
+    params = [p for p in native.model.parameters() if p.requires_grad]
+
+    def grads(loss):
+        out = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+        return torch.cat(
+            [(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(out, params)]
+        )
+
+    torch.testing.assert_close(verl_loss, native_loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(grads(verl_loss), grads(native_loss), rtol=1e-5, atol=1e-7)
+    for key in ("pg_loss", "kl_loss", "entropy_loss", "entropy"):
+        assert verl_metrics[key] == pytest.approx(native_metrics[f"actor/{key}"], rel=1e-6), key

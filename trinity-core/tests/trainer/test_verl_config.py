@@ -19,6 +19,7 @@ from trinity.config import load_config, resolve_config
 from trinity.config.errors import ConfigError
 from trinity.config.validation import validate_config
 from trinity.experience import EID, Experience
+from trinity.trainer.components import MissingInputError
 from trinity.trainer.verl.config import build_verl_config, trainer_gpu_split
 from trinity.trainer.verl.dataproto import (
     VERL_TO_TRINITY,
@@ -27,7 +28,7 @@ from trinity.trainer.verl.dataproto import (
     verl_non_tensors,
     verl_tensors,
 )
-from trinity.trainer.verl.loss import ActorLoss, compose_actor_loss, global_loss_scale
+from trinity.trainer.verl.loss import ActorLoss, global_loss_scale
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "verl"
 
@@ -409,19 +410,17 @@ def test_actor_loss_is_policy_plus_kl_minus_entropy_and_reports_its_parts():
     loss_fn = _components("token-mean")
     logprob, entropy, tensors = _loss_inputs()
     comps = loss_fn.components()
-    total, metrics = compose_actor_loss(comps, logprob, entropy, tensors, "token-mean")
-    pg, _ = comps["policy_loss_fn"](logprob, entropy=entropy, **tensors)
-    kl, _ = comps["kl_loss_fn"].calculate_kl_loss(
+    total, metrics = comps.actor_loss(logprob, entropy, tensors)
+    pg, _ = comps.policy_loss_fn(logprob, entropy=entropy, **tensors)
+    kl, _ = comps.kl_loss_fn.calculate_kl_loss(
         logprob, tensors["ref_logprob"], tensors["action_mask"], "token-mean"
     )
-    ent, _ = comps["entropy_loss_fn"](entropy, tensors["action_mask"], loss_agg_mode="token-mean")
+    ent, _ = comps.entropy_loss_fn(entropy, tensors["action_mask"], loss_agg_mode="token-mean")
     assert float(total) == pytest.approx(float(pg + kl - ent))
     assert metrics["loss"] == pytest.approx(float(total))
     assert "entropy" in metrics
-    with pytest.raises(ValueError, match="ref_logprob"):
-        compose_actor_loss(
-            comps, logprob, entropy, {k: v for k, v in tensors.items() if k != "ref_logprob"}, "token-mean"
-        )
+    with pytest.raises(MissingInputError, match="kl_loss_fn 'low_var_kl' needs 'ref_logprob'"):
+        comps.actor_loss(logprob, entropy, {k: v for k, v in tensors.items() if k != "ref_logprob"})
 
 
 def test_actor_loss_travels_as_names_and_rebuilds_from_the_registry():

@@ -6,6 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm import EntropyLossFn, aggregate_loss
 
+# ``none`` is the core's null component, registered here under that name (see trinity.algorithm).
+from trinity.algorithm.entropy import NoEntropyLossFn
+
 if TYPE_CHECKING:
     import torch
 
@@ -23,20 +26,6 @@ class DefaultEntropyLossFn(EntropyLossFn):
         """Coefficient-weighted aggregated entropy."""
         value = aggregate_loss(entropy, action_mask, loss_agg_mode)
         return value * self.entropy_coef, {"entropy_loss": float(value.detach())}
-
-
-class NoEntropyLossFn(EntropyLossFn):
-    """No entropy term (0, no metrics); the trainer may skip computing entropy for it."""
-
-    def __call__(
-        self,
-        entropy: torch.Tensor,
-        action_mask: torch.Tensor,
-        loss_agg_mode: str = "token-mean",
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """A zero scalar."""
-        return entropy.new_zeros(()), {}
 
 
 __all__ = ["DefaultEntropyLossFn", "NoEntropyLossFn"]

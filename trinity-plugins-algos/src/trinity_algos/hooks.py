@@ -1,7 +1,7 @@
 """Hook implementations of trinity-plugins-algos (entry point `trinity` → `trinity_algos.hooks`).
 
 Importing this module must stay light (no torch at import time): `trinity plugins` loads it.
-Every component module binds torch through ``trinity._lazy.lazy_import``.
+Every component module binds torch through ``trinity.lazy.lazy_import``.
 """
 
 from __future__ import annotations

@@ -7,15 +7,14 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
 from trinity.algorithm import SampleStrategy
-from trinity.buffer.base import BufferExhausted
+from trinity.experience import BufferExhausted
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch
 
-    from trinity.buffer.base import BufferReader
-    from trinity.experience import Experience
+    from trinity.experience import BufferReader, Experience
 else:
     torch = lazy_import("torch")
 

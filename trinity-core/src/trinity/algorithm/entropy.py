@@ -26,3 +26,25 @@ class EntropyLossFn(Component):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Return the (already coefficient-weighted) entropy term and metrics."""
+
+
+class NoEntropyLossFn(EntropyLossFn):
+    """What ``entropy_loss_fn: none`` (or unset, or ``entropy_coef: 0``) means: no entropy term.
+
+    Returns 0 and no metrics; the trainer skips it (``isinstance(fn, NoEntropyLossFn)``) and
+    then computes entropy only where the policy loss asks for it. Registered as ``none`` by
+    ``trinity-plugins-algos``; the core uses it for ``none`` when no plugin registers that name.
+    """
+
+    def __call__(
+        self,
+        entropy: torch.Tensor,
+        action_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """A zero scalar."""
+        return entropy.new_zeros(()), {}
+
+
+__all__ = ["EntropyLossFn", "NoEntropyLossFn"]

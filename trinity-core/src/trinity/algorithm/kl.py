@@ -84,6 +84,45 @@ class KLFn(Component):
         return batch, {"kl": current_kl, "kl_coef": coef}
 
 
+class NoKLFn(KLFn):
+    """What ``kl_loss_fn`` / ``kl_penalty_fn`` ``none`` (or unset) means: no KL term.
+
+    The loss is 0 and the reward is left unchanged; no reference model is needed. The trainer
+    skips it (``isinstance(fn, NoKLFn)``) rather than adding zeros. It lives in the core so that
+    ``none`` means the same with or without ``trinity-plugins-algos`` (which registers this class
+    under that name).
+    """
+
+    def calculate_kl(self, logprob: torch.Tensor, ref_logprob: torch.Tensor | None = None) -> torch.Tensor:
+        """Zeros shaped like ``logprob``."""
+        return torch.zeros_like(logprob)
+
+    def calculate_kl_loss(
+        self,
+        logprob: torch.Tensor,
+        ref_logprob: torch.Tensor | None,
+        action_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """A zero loss on ``logprob``'s device and no metrics."""
+        return torch.zeros((), dtype=logprob.dtype, device=logprob.device), {}
+
+    def apply_kl_penalty_to_reward(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """``token_level_rewards = token_level_scores``: the rewards, unpenalised.
+
+        Like the base class, scores default to ``token_level_rewards`` if present, else to the
+        scalar ``rewards`` on each row's last valid token; no log-probs are needed.
+        """
+        scores = batch.get("token_level_scores")
+        if scores is None:
+            scores = batch.get("token_level_rewards")
+        if scores is None:
+            scores = rewards_to_token_level(batch["rewards"], batch["action_mask"])
+        batch["token_level_scores"] = scores
+        batch["token_level_rewards"] = scores
+        return batch, {}
+
+
 def rewards_to_token_level(rewards: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
     """Place each row's scalar reward on its last valid token; zeros elsewhere."""
     mask = action_mask.to(torch.float32)
@@ -96,4 +135,4 @@ def rewards_to_token_level(rewards: torch.Tensor, action_mask: torch.Tensor) -> 
     return out
 
 
-__all__ = ["KLFn", "rewards_to_token_level"]
+__all__ = ["KLFn", "NoKLFn", "rewards_to_token_level"]

@@ -26,8 +26,13 @@ class PolicyLossFn(Component):
     def __init__(self, loss_agg_mode: str = "token-mean") -> None:
         self.loss_agg_mode = loss_agg_mode
 
+    # ``*args: Any, **kwargs: Any`` makes the signature after ``logprob`` open to type checkers
+    # (the typing spec reads it as ``...``), so a subclass may declare the tensors it needs by
+    # name without ``# type: ignore[override]``. The trainer passes tensors by keyword only.
     @abstractmethod
-    def __call__(self, logprob: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(
+        self, logprob: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """Compute the loss from current ``logprob`` ``(B, T)`` and the named tensors."""
 
     @classmethod

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 from trinity.algorithm.component import Component
 
 if TYPE_CHECKING:
-    from trinity.buffer.base import BufferReader
-    from trinity.experience import Experience
+    from trinity.experience import BufferReader, Experience
 
 
 class SampleStrategy(Component):
@@ -43,6 +42,10 @@ class SampleStrategy(Component):
     @abstractmethod
     def sample(self, step: int) -> tuple[list[Experience], dict[str, float]]:
         """Return the experiences to train on at ``step`` and metrics about them."""
+
+    def set_model_version(self, version: int) -> None:
+        """Called by the trainer before every :meth:`sample` with the current weight version
+        (the trainer's step); does nothing unless a strategy needs it (staleness control)."""
 
     def state_dict(self) -> dict[str, Any]:
         """State to save in a checkpoint (reader positions live in the buffers themselves)."""

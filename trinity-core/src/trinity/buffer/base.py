@@ -1,16 +1,29 @@
-"""The reader/writer interfaces every buffer storage implements."""
+"""The reader/writer interfaces every buffer storage implements.
+
+``BufferReader``, ``BufferExhausted``, ``STEP_ENDED`` and ``TIMED_OUT`` live in
+:mod:`trinity.experience` (components such as sample strategies read Experiences without
+depending on the buffer layer) and are re-exported here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from trinity.experience import STEP_ENDED, TIMED_OUT, BufferExhausted, BufferReader
 
 if TYPE_CHECKING:
     from trinity.experience import Experience
 
-
-class BufferExhausted(Exception):
-    """Raised by a reader when no more data will ever come (finite source, writers done)."""
+__all__ = [
+    "STEP_ENDED",
+    "TIMED_OUT",
+    "BufferExhausted",
+    "BufferReader",
+    "BufferWriter",
+    "ReaderBase",
+    "WriterBase",
+]
 
 
 @runtime_checkable
@@ -26,41 +39,6 @@ class BufferWriter(Protocol):
 
     def finish(self) -> None:
         """Tell readers that this writer will write no more."""
-
-
-# Why a read returned fewer experiences than asked (BufferReader.short_reason).
-STEP_ENDED = "step ended"  # the writers ended the expected step: nothing more is coming for it
-TIMED_OUT = "timed out"  # the read's timeout passed first
-
-
-@runtime_checkable
-class BufferReader(Protocol):
-    short_reason: str | None
-
-    def read(self, batch_size: int, timeout: float | None = None) -> list[Experience]:
-        """Return up to ``batch_size`` unread experiences, each exactly once.
-
-        Blocks until ``batch_size`` are available, or the writers ended the step given to
-        :meth:`expect_step` and nothing is left unread, or ``timeout`` seconds pass; then
-        returns what it has (possibly nothing; :attr:`short_reason` says why it is short).
-        Raises :class:`BufferExhausted` when nothing more can come.
-        """
-
-    def expect_step(self, step: int | None) -> None:
-        """The next reads wait for the experiences of the writers' steps up to ``step``
-        (``None``: for a full batch). Readers of storages without writers ignore it."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Reader position, saved in checkpoints."""
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a position saved by :meth:`state_dict`.
-
-        Experience buffers (``sql``, and ``queue`` with an SQL mirror) also make the
-        experiences this reader consumed *after* saving ``state`` unread again: the trainer
-        steps that trained on them were lost with the crash. Readers may offer
-        ``set_step(step)`` to record which trainer step consumed each experience.
-        """
 
 
 class WriterBase:
@@ -81,3 +59,7 @@ class ReaderBase:
     def expect_step(self, step: int | None) -> None:
         """Remember ``step`` for the next reads (see :meth:`BufferReader.expect_step`)."""
         self.expected_step = step
+
+    def set_step(self, step: int | None) -> None:
+        """The trainer step the next reads are for; storages that record which step consumed
+        a row (SQL: ``consumed_step``) override this."""

@@ -35,6 +35,18 @@ def _is_db_url(path: str | None) -> bool:
     return bool(path) and "://" in str(path)
 
 
+def _sql_storage(config: ExperienceBufferConfig, url: str) -> Any:
+    """The buffer's SQL table, retrying transient errors as ``max_retry_times/interval`` say."""
+    from trinity.buffer.sql import SQLStorage
+
+    return SQLStorage(
+        url,
+        config.name or "experience",
+        max_retry_times=config.max_retry_times,
+        max_retry_interval=config.max_retry_interval,
+    )
+
+
 def _replay(config: ExperienceBufferConfig) -> dict[str, Any]:
     rb = config.replay_buffer
     enable = bool(config.use_priority_queue) or bool(rb and rb.enable)
@@ -78,9 +90,9 @@ def get_buffer_writer(
     kind = config.storage_type
     name = config.name or "experience"
     if kind == "sql":
-        from trinity.buffer.sql import SQLStorage, SQLWriter
+        from trinity.buffer.sql import SQLWriter
 
-        return SQLWriter(SQLStorage(_sql_url(config, cache_dir), name), run)
+        return SQLWriter(_sql_storage(config, _sql_url(config, cache_dir)), run)
     if kind == "queue":
         from trinity.buffer.queue import QueueWriter
 
@@ -110,13 +122,11 @@ def check_buffer_is_free(config: Config, cache_dir: str | None = None) -> None:
     exp = config.buffer.trainer_input.experience_buffer
     if exp is None or not (exp.storage_type == "sql" or (exp.storage_type == "queue" and exp.path)):
         return
-    from trinity.buffer.sql import SQLStorage
-
     url = _sql_url(exp, cache_dir) if exp.storage_type == "sql" else str(exp.path)
     run = run_name(config)
     if run is None:
         return
-    count, example = SQLStorage(url, exp.name or "experience").unread_of_other_runs(run)
+    count, example = _sql_storage(exp, url).unread_of_other_runs(run)
     if count:
         earlier = example.split(":", 1)[0] if example and ":" in example else "an earlier run"
         raise ValueError(
@@ -154,11 +164,11 @@ def get_buffer_reader(
 
         return SFTDatasetReader(config, tokenizer)
     if kind == "sql":
-        from trinity.buffer.sql import SQLReader, SQLStorage
+        from trinity.buffer.sql import SQLReader
 
         order = "priority" if _replay(config)["priority"] else "fifo"
         return SQLReader(
-            SQLStorage(_sql_url(config, cache_dir), name),
+            _sql_storage(config, _sql_url(config, cache_dir)),
             order=order,
             max_read_timeout=config.max_read_timeout,
         )

@@ -43,6 +43,7 @@ from trinity.buffer.sql_schema import (
     create_sql_engine,
     define_tables,
     normalise_url,
+    retrying,
     table_name_for,
     unread_clause,
 )
@@ -86,6 +87,9 @@ class SQLStorage:
         url: SQLAlchemy URL (``sqlite:///buffer.db``, ``postgresql://...``) or a file path.
         table: table name (usually the buffer's ``name``).
         priority_fn: optional ``f(experience) -> float``; rows are then read highest first.
+        max_retry_times / max_retry_interval: a write, claim or writer update that fails with a
+            transient database error (``OperationalError``: locked, disconnected) is rerun this
+            many more times, this many seconds apart (the buffer's keys of the same names).
     """
 
     def __init__(
@@ -93,10 +97,15 @@ class SQLStorage:
         url: str,
         table: str = "experience",
         priority_fn: Callable[[Experience], float] | None = None,
+        *,
+        max_retry_times: int = 3,
+        max_retry_interval: float = 1.0,
     ) -> None:
         self.url = normalise_url(url)
         self.table_name = table_name_for(table)
         self.priority_fn = priority_fn
+        self.max_retry_times = max_retry_times
+        self.max_retry_interval = max_retry_interval
         self._engine: sa.Engine | None = None
         self._pid: int | None = None
 
@@ -119,25 +128,33 @@ class SQLStorage:
 
     def _connect(self) -> None:
         import sqlalchemy as sa
+        import tenacity
 
         engine = create_sql_engine(self.url)
         metadata = sa.MetaData()
         tables = define_tables(metadata, self.table_name)
         # Under BEGIN IMMEDIATE, concurrent creators serialise; "already exists" can still come
-        # from a creator on another engine that won the race, so retry the check.
-        for attempt in range(5):
-            try:
-                metadata.create_all(engine, checkfirst=True)
-                break
-            except sa.exc.OperationalError as exc:
-                if "already exists" not in str(exc) or attempt == 4:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
+        # from a creator on another engine that won the race, so redo the check (quickly: the
+        # winner is done); any other transient error waits like every other statement.
+        race = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(
+                lambda e: isinstance(e, sa.exc.OperationalError) and "already exists" in str(e)
+            ),
+            stop=tenacity.stop_after_attempt(5),
+            wait=tenacity.wait_incrementing(0.05, 0.05),
+            reraise=True,
+        )
+        self._retry(lambda: race(metadata.create_all, engine, checkfirst=True), "creating the tables")
         check_columns(engine, tables[0], self.url)
         add_writer_columns(engine, tables[2])
         self._tables = tables
         self._inserter = RowInserter(tables[0], tables[1], engine.dialect)
         self._engine, self._pid = engine, os.getpid()
+
+    def _retry(self, fn: Callable[[], Any], what: str) -> Any:
+        """``fn()`` (one whole transaction), rerun on transient database errors."""
+        where = f"SQL buffer {self.table_name!r}: {what}"
+        return retrying(self.max_retry_times, self.max_retry_interval, where)(fn)
 
     @property
     def table(self) -> sa.Table:
@@ -169,31 +186,40 @@ class SQLStorage:
         writer_id = uuid.uuid4().hex
         now = time.time()
         w = self.writers
-        with self.engine.begin() as conn:
-            if run is not None:
+
+        def register() -> None:
+            with self.engine.begin() as conn:
+                if run is not None:
+                    conn.execute(
+                        w.update().where(w.c.run == run, w.c.finished_at.is_(None)).values(finished_at=now)
+                    )
                 conn.execute(
-                    w.update().where(w.c.run == run, w.c.finished_at.is_(None)).values(finished_at=now)
+                    w.insert(), {"writer_id": writer_id, "started_at": now, "pid": os.getpid(), "run": run}
                 )
-            conn.execute(
-                w.insert(), {"writer_id": writer_id, "started_at": now, "pid": os.getpid(), "run": run}
-            )
+
+        self._retry(register, "registering a writer")
         return writer_id
 
     def finish_writer(self, writer_id: str) -> None:
         """Mark a writer done (readers may then see the buffer as exhausted)."""
-        with self.engine.begin() as conn:
-            conn.execute(
-                self.writers.update()
-                .where(self.writers.c.writer_id == writer_id)
-                .values(finished_at=time.time())
-            )
+        w = self.writers
+
+        def finish() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(w.update().where(w.c.writer_id == writer_id).values(finished_at=time.time()))
+
+        self._retry(finish, "finishing a writer")
 
     def end_step(self, writer_id: str, step: int) -> None:
         """Record that ``writer_id`` has written every experience of its steps up to ``step``
         (a writer's steps only go up)."""
         w = self.writers
-        with self.engine.begin() as conn:
-            conn.execute(w.update().where(w.c.writer_id == writer_id).values(ended_step=step))
+
+        def end() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(w.update().where(w.c.writer_id == writer_id).values(ended_step=step))
+
+        self._retry(end, f"ending step {step}")
 
     def steps_ended(self, step: int) -> bool:
         """True when writers are registered and each one still writing has ended ``step``."""
@@ -256,8 +282,12 @@ class SQLStorage:
         """
         if not rows:
             return []
-        with self.engine.begin() as conn:
-            new = self._insert(conn, rows)
+
+        def insert() -> dict[str, int]:
+            with self.engine.begin() as conn:
+                return self._insert(conn, rows)
+
+        new = self._retry(insert, f"writing {len(rows)} rows")
         return [new.get(row["uid"]) for row in rows]
 
     def _insert(self, conn: sa.Connection, rows: list[dict]) -> dict[str, int]:
@@ -286,8 +316,12 @@ class SQLStorage:
             return 0
         # Serialised before the transaction: the write lock is held only for the inserts.
         rows = self.rows_for(experiences, writer_id, uids)
-        with self.engine.begin() as conn:
-            return len(self._insert(conn, rows))
+
+        def insert() -> int:
+            with self.engine.begin() as conn:
+                return len(self._insert(conn, rows))
+
+        return self._retry(insert, f"writing {len(rows)} experiences")
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -348,8 +382,12 @@ class SQLStorage:
             .values(**self._consumed_by(reader_id, read_seq, step))
             .returning(t.c.id, t.c.priority)
         )
-        with self.engine.begin() as conn:
-            rows = conn.execute(stmt).all()
+
+        def claim() -> list[Any]:
+            with self.engine.begin() as conn:
+                return conn.execute(stmt).all()
+
+        rows = self._retry(claim, f"claiming up to {limit} rows")
         if not rows:
             return []
         # RETURNING order is unspecified; restore the read order.
@@ -368,10 +406,13 @@ class SQLStorage:
         if not ids:
             return
         t = self.table
-        with self.engine.begin() as conn:
-            conn.execute(
-                t.update().where(t.c.id.in_(list(ids))).values(**self._consumed_by(reader_id, read_seq, None))
-            )
+        stmt = t.update().where(t.c.id.in_(list(ids))).values(**self._consumed_by(reader_id, read_seq, None))
+
+        def claim() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(stmt)
+
+        self._retry(claim, f"claiming {len(ids)} rows")
 
     def release(self, reader_id: str, after_seq: int) -> list[int]:
         """Make the rows that ``reader_id`` claimed with a read sequence number above
@@ -383,8 +424,12 @@ class SQLStorage:
             .values(consumed=0, consumed_at=None, reader_id=None, read_seq=None, consumed_step=None)
             .returning(t.c.id)
         )
-        with self.engine.begin() as conn:
-            return sorted(conn.execute(stmt).scalars())
+
+        def release() -> list[int]:
+            with self.engine.begin() as conn:
+                return sorted(conn.execute(stmt).scalars())
+
+        return self._retry(release, "releasing rows")
 
     def unread(self, order: str = "fifo", limit: int | None = None) -> list[tuple[int, bytes]]:
         """Unread rows without claiming them (the queue actor reloads these after a restart)."""

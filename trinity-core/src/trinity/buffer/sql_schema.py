@@ -280,3 +280,39 @@ class RowInserter:
         if new:
             conn.execute(self.blobs.insert(), [{"id": i, "blob": by_uid[u]} for u, i in new.items()])
         return new
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a database error worth retrying: an ``OperationalError`` (a locked
+    database, a dropped connection, a server restart), not a mistake in the statement or data."""
+    import sqlalchemy as sa
+
+    return isinstance(exc, sa.exc.OperationalError)
+
+
+def retrying(times: int, interval: float, what: str) -> Any:
+    """A ``tenacity.Retrying`` that reruns a whole transaction up to ``times`` more times,
+    ``interval`` seconds apart, on a transient error (logged); the last error is re-raised.
+
+    Rerunning is safe: a failed transaction was rolled back, and writes skip uids already stored.
+    """
+    import logging
+
+    import tenacity
+
+    logger = logging.getLogger("trinity.buffer.sql")
+
+    def log(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        first = str(exc).strip().splitlines()[0] if exc and str(exc).strip() else type(exc).__name__
+        logger.warning(
+            "%s failed (%s); retry %d of %d in %ss", what, first, state.attempt_number, times, interval
+        )
+
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_transient),
+        stop=tenacity.stop_after_attempt(times + 1),
+        wait=tenacity.wait_fixed(interval),
+        before_sleep=log,
+        reraise=True,
+    )

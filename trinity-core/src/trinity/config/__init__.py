@@ -6,12 +6,17 @@ package never imports torch, ray or transformers.
     from trinity.config import load_config
     config = load_config("grpo.yaml")          # validated and resolved, or ConfigError
     print(config.to_yaml())
+    stages = stage_configs(config)             # one resolved config per stage
+
+Imports go one way: ``yaml_io`` (YAML + interpolations) <- ``loader`` -> ``validation`` ->
+``models`` -> ``sections``; ``loader`` -> ``resolve`` (the one place that derives values, also
+for renamed runs and later stages) -> ``validation``, ``algorithm_defaults``, ``yaml_io``.
 """
 
 from trinity.config.errors import ConfigError
 from trinity.config.loader import load_config
 from trinity.config.models import Config, StageConfig
-from trinity.config.resolve import resolve_config
+from trinity.config.resolve import resolve_config, stage_configs
 from trinity.config.sections.algorithm import AlgorithmConfig, OptimizerConfig
 from trinity.config.sections.buffer import (
     BufferConfig,
@@ -58,4 +63,5 @@ __all__ = [
     "TrainerInput",
     "load_config",
     "resolve_config",
+    "stage_configs",
 ]

@@ -21,12 +21,21 @@ _INJECTED = {"sample_strategy": {"experience_buffer", "auxiliary_buffers", "trai
 
 
 def lookup_component(kind: str, name: str, key: str) -> type:
-    """``get_component(kind, name)``; an unknown name becomes a ConfigError at ``key``."""
+    """``get_component(kind, name)``; an unknown name becomes a ConfigError at ``key``.
+
+    ``none`` KL / entropy terms resolve to the core's null components when no plugin registers
+    them, as the trainer does (:data:`trinity.algorithm.NULL_COMPONENTS`).
+    """
     from trinity.plugins import UnknownComponentError, get_component
 
     try:
         return get_component(kind, name)
     except UnknownComponentError as exc:
+        if name == "none":
+            from trinity.algorithm import NULL_COMPONENTS
+
+            if kind in NULL_COMPONENTS:
+                return NULL_COMPONENTS[kind]
         raise ConfigError(str(exc), key=key) from None
 
 

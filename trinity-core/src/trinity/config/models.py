@@ -89,9 +89,3 @@ class Config(Section):
         import yaml
 
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
-
-    def stage_configs(self) -> list[Config]:
-        """One resolved config per stage (global keys deep-merged with the stage's), or ``[self]``."""
-        from trinity.config.resolve import stage_configs
-
-        return stage_configs(self)

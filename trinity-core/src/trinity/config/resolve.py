@@ -20,6 +20,8 @@ from trinity.config.sections.algorithm import LR_SCHEDULES
 from trinity.config.sections.base import invalid_choice
 from trinity.config.sections.buffer import ExperienceBufferConfig, ReplayBufferConfig, TasksetConfig
 from trinity.config.sections.explorer import MAX_PORT, InferenceModelConfig
+from trinity.config.validation import validate_config
+from trinity.config.yaml_io import load_yaml_dict
 
 CHECKPOINT_ROOT_ENV = "TRINITY_CHECKPOINT_ROOT_DIR"
 
@@ -123,11 +125,9 @@ _TASK_COMPONENTS = (("workflow", "default_workflow_type"), ("reward_fn", "defaul
 
 
 def _check_task_component(kind: str, name: str | None, key: str) -> None:
-    """An unknown workflow / reward_fn name fails here, with the closest registered name.
-
-    Dotted names (``pkg.module.Class``) are class paths, left to the code that imports them.
-    """
-    if name and "." not in name:
+    """An unknown workflow / reward_fn name fails here, with the closest registered name; a
+    dotted name (``pkg.module.Class``) is imported and type-checked as a class path."""
+    if name:
         lookup_component(kind, name, key)
 
 
@@ -334,8 +334,6 @@ def _resolve_trainer(c: Config) -> None:
 
 
 def _load_trainer_config(path: str) -> dict[str, Any]:
-    from trinity.config.loader import load_yaml_dict
-
     try:
         data = load_yaml_dict(path)
     except ConfigError as exc:
@@ -411,8 +409,6 @@ def stage_configs(config: Config) -> list[Config]:
     stages = source.get("stages") or []
     if not stages:
         return [config if config._source is not None else resolve_config(config)]
-    from trinity.config.validation import validate_config
-
     base = {k: v for k, v in source.items() if k != "stages"}
     seen: set[str] = set()
     out = []
@@ -441,3 +437,42 @@ def stage_configs(config: Config) -> list[Config]:
         except ConfigError as exc:
             raise ConfigError(f"in stage {stage_name!r}: {exc.message}", key=exc.key, file=exc.file) from None
     return out
+
+
+def resolve_with(config: Config, overrides: dict[str, Any]) -> Config:
+    """``config`` resolved anew from the user's keys with ``overrides`` (a nested mapping)
+    merged over them: every derived value (job folder, paths, namespaces, defaults) follows.
+
+    How a renamed run or a later stage changes its config: the one place that derives values
+    stays :func:`resolve_config`.
+    """
+    return _resolve_source(config, deep_merge(_source_of(config), overrides))
+
+
+def start_from(config: Config, model_path: str) -> Config:
+    """``config`` starting from the weights at ``model_path`` (a later stage, from the previous
+    stage's final checkpoint): resolved anew with ``model.model_path`` set, so what derives from
+    it follows (rollout model, critic, tokenizers), and so does every key the user set to the
+    old path (typically through ``${model.model_path}``, which the YAML loader already
+    replaced with the path). A critic or tokenizer the user pointed elsewhere is kept."""
+    source = replace_values(_source_of(config), config.model.model_path, model_path)
+    return _resolve_source(config, deep_merge(source, {"model": {"model_path": model_path}}))
+
+
+def _source_of(config: Config) -> dict[str, Any]:
+    return config._source if config._source is not None else config.model_dump(exclude_unset=True)
+
+
+def _resolve_source(config: Config, source: dict[str, Any]) -> Config:
+    fresh = validate_config(source, config._file)
+    fresh._file = config._file
+    return resolve_config(fresh)
+
+
+def replace_values(data: Any, old: str, new: str) -> Any:
+    """``data`` with every string equal to ``old`` replaced by ``new`` (nested dicts and lists)."""
+    if isinstance(data, dict):
+        return {k: replace_values(v, old, new) for k, v in data.items()}
+    if isinstance(data, list):
+        return [replace_values(v, old, new) for v in data]
+    return new if data == old else data

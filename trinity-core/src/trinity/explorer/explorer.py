@@ -11,7 +11,8 @@ A plain class (the launcher wraps it in a Ray actor). One explore step:
 :meth:`Explorer.eval` runs the eval tasksets (``eval/<taskset>/...``), :meth:`Explorer.bench`
 evaluates saved checkpoints, :meth:`Explorer.sync_weights` loads new weights into every
 engine, and :meth:`Explorer.receive_weights` has them receive a broadcast from the trainer
-(``sync_method: nccl``, after :meth:`Explorer.init_weight_group`).
+(``sync_method: nccl``, after :meth:`Explorer.init_weight_group`). When to explore, evaluate
+and sync is the launcher's step loop's decision (:mod:`trinity.launcher`), not the explorer's.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from trinity.config import Config
     from trinity.experience import Experience
     from trinity.explorer.engines.base import RolloutEngine
+    from trinity.sync.group import GroupSpec
     from trinity.workflow import Task
 
 logger = logging.getLogger(__name__)
@@ -268,30 +270,6 @@ class Explorer:
                 out.append(exp)
         return out
 
-    def need_eval(self) -> bool:
-        """Whether an eval is due after the current step (``eval_interval``, ``eval_on_startup``)."""
-        ex = self.config.explorer
-        if not self.config.buffer.explorer_input.eval_tasksets:
-            return False
-        if self.explore_step_num == 0:
-            return ex.eval_on_startup
-        return self.explore_step_num % ex.eval_interval == 0
-
-    def explore(self, max_steps: int | None = None) -> list[dict[str, float]]:
-        """The explore-mode loop: startup eval, steps with evals at ``eval_interval``,
-        until the tasksets end (or ``max_steps``). Returns each step's metrics."""
-        history = []
-        if self.need_eval():
-            history.append({"step": 0.0, **self.eval()})
-        while max_steps is None or self.explore_step_num < max_steps:
-            metrics = self.explore_step()
-            if metrics is None:
-                break
-            if self.need_eval():
-                metrics.update(self.eval())
-            history.append({"step": float(self.explore_step_num), **metrics})
-        return history
-
     # -- eval / bench ----------------------------------------------------------------------
 
     def eval(self) -> dict[str, float]:
@@ -360,9 +338,7 @@ class Explorer:
         """Per rollout engine, the devices of the ranks it puts into the weight-sync group."""
         return [list(engine.weight_sync_devices()) for engine in self.engines]
 
-    def init_weight_group(
-        self, master_addr: str, master_port: int, world_size: int, backend: str, timeout_s: float
-    ) -> None:
+    def init_weight_group(self, spec: GroupSpec) -> None:
         """Join every rollout engine to the trainer's weight-sync group (the trainer is rank 0).
 
         Engines take consecutive ranks from 1 in engine order, as many as they reported in
@@ -370,17 +346,14 @@ class Explorer:
         group is there.
         """
         sizes = [len(devices) for devices in self.weight_sync_devices()]
-        if 1 + sum(sizes) != world_size:
+        if 1 + sum(sizes) != spec.world_size:
             raise ValueError(
-                f"weight-sync group of {world_size} ranks, but the trainer and the rollout engines "
+                f"weight-sync group of {spec.world_size} ranks, but the trainer and the rollout engines "
                 f"need {1 + sum(sizes)} (engines: {sizes})"
             )
         offsets = [1 + sum(sizes[:i]) for i in range(len(sizes))]
         self._on_every_engine(
-            "joining the weight-sync group",
-            lambda i, engine: engine.init_weight_group(
-                master_addr, master_port, offsets[i], world_size, backend, timeout_s
-            ),
+            "joining the weight-sync group", lambda i, engine: engine.init_weight_group(spec, offsets[i])
         )
 
     def receive_weights(self, metas: list[Any], version: int) -> None:

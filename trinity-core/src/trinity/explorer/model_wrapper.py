@@ -1,6 +1,6 @@
 """The model handle workflows receive: a thin, history-keeping front of a rollout engine.
 
-It implements the :class:`trinity.workflow.ModelWrapper` protocol (``chat``, ``generate``,
+It implements the :class:`trinity.workflow.ModelWrapperProtocol` protocol (``chat``, ``generate``,
 async twins, ``logprobs``, ``convert_messages_to_experience``, ``get_openai_client``).
 With ``enable_history`` every Experience it hands out, including those made for OpenAI API
 calls, is also recorded, for workflows whose agent code never sees Experiences;

@@ -47,7 +47,9 @@ def get_monitor(kind: str, config: Config, role: str, total_steps: int | None = 
     if kind == "console":
         from trinity.monitor.console import ConsoleMonitor
 
-        return ConsoleMonitor(role, total_steps=total_steps or config.trainer.total_steps)
+        return ConsoleMonitor(
+            role, total_steps=total_steps or config.trainer.total_steps, use_rich=progress_bar(config, role)
+        )
     hparams = config.model_dump(mode="json", include={"algorithm", "model", "buffer", "trainer"})
     flat = _flatten(hparams)
     if kind == "wandb":
@@ -69,6 +71,21 @@ def get_monitor(kind: str, config: Config, role: str, total_steps: int | None = 
     raise ValueError(f"monitor.monitor_type {kind!r} is unknown; use tensorboard, console, wandb or mlflow")
 
 
+def progress_bar(config: Config, role: str) -> bool | None:
+    """The console monitor's bar for ``role``, from ``enable_progress_bar`` of the storages the
+    role reads (explorer: training tasksets; trainer: the experience buffer): ``False`` when one
+    says false (plain lines), ``True`` when one says true, ``None`` (a bar on a terminal) unset."""
+    buffer = config.buffer
+    if role == "explorer":
+        storages = [*buffer.explorer_input.tasksets, buffer.explorer_input.taskset]
+    else:
+        storages = [buffer.trainer_input.experience_buffer]
+    flags = [s.enable_progress_bar for s in storages if s is not None and s.enable_progress_bar is not None]
+    if False in flags:
+        return False
+    return True if flags else None
+
+
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
@@ -86,4 +103,4 @@ def get_monitors(config: Config, role: str, total_steps: int | None = None) -> M
     )
 
 
-__all__ = ["Monitor", "MultiMonitor", "get_monitor", "get_monitors", "scalar_metrics"]
+__all__ = ["Monitor", "MultiMonitor", "get_monitor", "get_monitors", "progress_bar", "scalar_metrics"]

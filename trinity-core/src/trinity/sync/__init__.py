@@ -1,16 +1,26 @@
 """Weight synchronisation between trainer and explorer.
 
 - :mod:`trinity.sync.synchronizer`: the ``Synchronizer`` policy (when to wait, when to sync);
-- :mod:`trinity.sync.memory`: weights through Ray's object store (``sync_method: memory``);
-- :mod:`trinity.sync.checkpoint`: explorer reloads Hugging Face checkpoints (``checkpoint``);
-- :mod:`trinity.sync.nccl`: broadcast from the trainer to every rollout worker over a process
-  group of their own (``nccl``): NCCL when every rank has a GPU, gloo on CPU.
+- :mod:`trinity.sync.transport`: how one stage moves the weights — a ``WeightTransport`` per
+  ``sync_method`` (``memory``, ``checkpoint``, ``nccl``) with ``open`` / ``sync`` / ``close``,
+  which the launcher calls;
+- :mod:`trinity.sync.memory`: the trainer's weights packed as CPU tensors (``memory``);
+- :mod:`trinity.sync.broadcast`: ``WeightSender`` (trainer, rank 0) and ``WeightReceiver``
+  (each rollout rank) broadcasting over the group of :mod:`trinity.sync.group` (``GroupSpec``,
+  NCCL when every rank has a GPU of its own, gloo otherwise) for ``nccl``.
 
 Nothing heavy is imported here.
 """
 
+from trinity.sync.group import GroupSpec
 from trinity.sync.synchronizer import SyncDecision, Synchronizer
+from trinity.sync.transport import WeightSyncFailed, WeightTransport, make_transport
 
-SYNC_METHODS = ("memory", "checkpoint", "nccl")
-
-__all__ = ["SYNC_METHODS", "SyncDecision", "Synchronizer"]
+__all__ = [
+    "GroupSpec",
+    "SyncDecision",
+    "Synchronizer",
+    "WeightSyncFailed",
+    "WeightTransport",
+    "make_transport",
+]

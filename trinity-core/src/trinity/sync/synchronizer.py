@@ -3,8 +3,8 @@
 Steps count *finished* steps: the explorer has produced ``explorer_step`` batches, the trainer
 has trained on ``trainer_step`` of them; weights after trainer step ``t`` are version ``t``
 (version 0 = the initial model). The explorer asks :meth:`Synchronizer.explorer_decision`
-before each step it starts; the trainer asks :meth:`Synchronizer.trainer_should_publish` after
-each step.
+before each step it starts (the launcher's step loop asks, and moves the weights through the
+stage's :class:`~trinity.sync.transport.WeightTransport`).
 
 ``fixed`` (Trinity-RFT's default): after explorer step ``e`` with ``e > sync_offset`` and
 ``(e - sync_offset) % sync_interval == 0``, the explorer needs version ``e - sync_offset``:
@@ -73,10 +73,6 @@ class Synchronizer:
     def published_version(self, trainer_step: int) -> int:
         """The newest version the trainer has published after ``trainer_step`` steps."""
         return trainer_step - trainer_step % self.sync_interval
-
-    def trainer_should_publish(self, trainer_step: int) -> bool:
-        """Does the trainer hand out its weights after finishing ``trainer_step``?"""
-        return trainer_step > 0 and trainer_step % self.sync_interval == 0
 
     def explorer_decision(self, explorer_step: int, trainer_step: int, explorer_version: int) -> SyncDecision:
         """What the explorer does after ``explorer_step`` finished steps, the trainer having

@@ -8,15 +8,17 @@ Plugin managers:
     :mod:`trinity.testing.fixtures`, auto-loaded as a pytest plugin) do the same.
 
 Conformance checks (the "standard tests" a plugin runs on its own components):
-    ``check_component(kind, cls)`` dispatches to ``check_policy_loss_fn``,
-    ``check_advantage_fn``, ``check_kl_fn``, ``check_entropy_loss_fn``,
-    ``check_sample_strategy``, ``check_algorithm_type``, ``check_reward_fn`` and
-    ``check_workflow``. Each raises ``AssertionError`` with a message saying what is wrong.
+    ``check_component(kind, cls)`` dispatches, through ``CHECKS`` (one check per kind of
+    :data:`trinity.plugins.KINDS`), to ``check_policy_loss_fn``, ``check_advantage_fn``,
+    ``check_kl_fn``, ``check_entropy_loss_fn``, ``check_sample_strategy``,
+    ``check_algorithm_type``, ``check_reward_fn`` and ``check_workflow``. Each raises
+    ``AssertionError`` with a message saying what is wrong.
 """
 
 from __future__ import annotations
 
 from trinity.testing.conformance import (
+    CHECKS,
     ListReader,
     check_advantage_fn,
     check_algorithm_type,
@@ -33,6 +35,7 @@ from trinity.testing.conformance import (
 from trinity.testing.plugins import isolated_plugin_manager, registered_plugin
 
 __all__ = [
+    "CHECKS",
     "ListReader",
     "check_advantage_fn",
     "check_algorithm_type",

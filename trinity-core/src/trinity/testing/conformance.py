@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
-from trinity.experience import EID, Experience
+from trinity.experience import EID, BufferExhausted, Experience
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch
@@ -75,15 +75,21 @@ def make_experiences(
 
 
 class ListReader:
-    """An in-memory :class:`~trinity.buffer.base.BufferReader` over a list (reads each item once)."""
+    """An in-memory :class:`~trinity.experience.BufferReader` over a list (reads each item once)."""
+
+    short_reason: str | None = None
 
     def __init__(self, experiences: list[Experience]) -> None:
         self._items = list(experiences)
         self._pos = 0
 
-    def read(self, batch_size: int, timeout: float | None = None) -> list[Experience]:
-        from trinity.buffer.base import BufferExhausted
+    def expect_step(self, step: int | None) -> None:
+        """No writers: nothing to wait for."""
 
+    def set_step(self, step: int | None) -> None:
+        """Nothing records which step read an item."""
+
+    def read(self, batch_size: int, timeout: float | None = None) -> list[Experience]:
         if self._pos >= len(self._items):
             raise BufferExhausted("ListReader is empty")
         batch = self._items[self._pos : self._pos + batch_size]
@@ -330,7 +336,9 @@ def check_workflow(cls: type) -> None:
         assert inspect.iscoroutinefunction(cls.run_async), f"{cls.__name__}.run_async must be async"
 
 
-_CHECKS = {
+#: The conformance check of every component kind (a test keeps it equal to ``trinity.plugins.KINDS``:
+#: a new hook kind is not done until it has a check here).
+CHECKS: dict[str, Callable[..., None]] = {
     "policy_loss_fn": check_policy_loss_fn,
     "advantage_fn": check_advantage_fn,
     "kl_fn": check_kl_fn,
@@ -345,7 +353,7 @@ _CHECKS = {
 def check_component(kind: str, cls: type, **kwargs: Any) -> None:
     """Run the conformance check for ``kind`` (a key of :data:`trinity.plugins.KINDS`)."""
     try:
-        check = _CHECKS[kind]
+        check = CHECKS[kind]
     except KeyError:
-        raise ValueError(f"unknown component kind {kind!r}; kinds: {', '.join(_CHECKS)}") from None
+        raise ValueError(f"unknown component kind {kind!r}; kinds: {', '.join(CHECKS)}") from None
     check(cls, **kwargs)

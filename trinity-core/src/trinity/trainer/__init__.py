@@ -1,6 +1,10 @@
 """Trainer back-ends and their building blocks.
 
-- :mod:`trinity.trainer.batch`: experiences → padded tensors (veRL layout, DPO pairs);
+- :mod:`trinity.trainer.batch`: experiences → padded tensors, a :class:`~trinity.trainer.batch.TrainBatch`
+  (veRL layout, DPO pairs);
+- :mod:`trinity.trainer.components`: the algorithm runtime both back-ends share
+  (``AlgorithmComponents``: components built once, the ``none`` rules, one ``actor_loss``);
+- :mod:`trinity.trainer.backend`: ``TrainerBackend``, what the ``Trainer`` calls on a back-end;
 - :mod:`trinity.trainer.native`: ``NativeTrainer`` (``trainer.trainer_type: native``);
 - :mod:`trinity.trainer.verl`: ``VerlTrainer`` on veRL's FSDP workers (``trainer_type: verl``, GPU);
 - :mod:`trinity.trainer.checkpoint`: ``global_step_N`` folders, resume, Trinity-RFT's rename rule;

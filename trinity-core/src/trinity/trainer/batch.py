@@ -10,10 +10,10 @@ DPO experiences (``chosen`` / ``rejected`` set) expand to two rows each, chosen 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from trinity._lazy import lazy_import
 from trinity.experience import group_ids_of
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch
@@ -22,20 +22,43 @@ if TYPE_CHECKING:
 else:
     torch = lazy_import("torch")
 
-# Keys whose values are tensors with a batch dimension (what micro-batching slices and moves).
-ROW_TENSOR_KEYS = (
-    "input_ids",
-    "attention_mask",
-    "position_ids",
-    "response_mask",
-    "action_mask",
-    "rollout_logprobs",
-    "rewards",
-    "token_level_rewards",
-    "group_ids",
-    "expert_mask",
-    "model_versions",
-)
+
+class TrainBatch(TypedDict, total=False):
+    """The training batch both back-ends pass around (a ``dict`` at run time, so advantage
+    functions and micro-batching keep treating it as a mapping).
+
+    :func:`build_batch` sets the first group; the back-ends add the rest as the step goes
+    (reference and critic passes, then the KL penalty and the advantage). ``(B, T)`` tensors are
+    per response token, ``(B,)`` per row.
+    """
+
+    # -- from build_batch
+    input_ids: torch.Tensor  # (B, P+T) long: prompts left-padded, responses right-padded
+    attention_mask: torch.Tensor  # (B, P+T) long
+    position_ids: torch.Tensor  # (B, P+T) long, counting real tokens only
+    response_mask: torch.Tensor  # (B, T) float: real response tokens
+    action_mask: torch.Tensor  # (B, T) float: tokens that count in the loss
+    rollout_logprobs: torch.Tensor  # (B, T) float: the explorer's log-probs, zeros where it gave none
+    has_rollout_logprobs: bool  # every experience carried log-probs (else rollout_logprobs are not real)
+    rewards: torch.Tensor  # (B,) float
+    token_level_rewards: (
+        torch.Tensor
+    )  # (B, T) float: only when every experience has them; after the KL penalty
+    group_ids: torch.Tensor  # (B,) long: equal ids = rollouts of one task
+    expert_mask: torch.Tensor  # (B,) bool: info["is_expert"]
+    model_versions: torch.Tensor  # (B,) long
+    info: list[dict[str, Any]]  # one dict per row
+    prompt_length: int  # P
+    response_length: int  # T
+    # -- added by the back-ends during a step
+    ref_logprob: torch.Tensor  # (B, T) reference model
+    values: torch.Tensor  # (B, T) critic
+    old_logprob: torch.Tensor  # (B, T) recomputed, or the rollout's with trainer.use_rollout_logprobs
+    token_level_scores: torch.Tensor  # (B, T) rewards before the KL penalty
+    advantages: torch.Tensor  # (B, T)
+    returns: torch.Tensor  # (B, T)
+    # -- veRL back-end only (build_verl_batch)
+    uids: list[str]  # the task id of each row
 
 
 def _rows(experiences: list[Experience]) -> list[tuple[Experience, torch.Tensor, torch.Tensor]]:
@@ -60,13 +83,13 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> dict[str, Any]:
+def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> TrainBatch:
     """Padded tensors for ``experiences`` (see the module docstring for the layout).
 
     Returns a dict with ``input_ids (B, P+T)``, ``attention_mask``, ``position_ids``,
     ``response_mask (B, T)`` (real response tokens), ``action_mask (B, T)`` (the experience's
     ``action_mask`` or the response mask), ``rollout_logprobs (B, T)`` (zeros where the explorer
-    gave none), ``rewards (B,)``, ``token_level_rewards (B, T)`` (only when every experience has
+    gave none), ``has_rollout_logprobs`` (whether every experience gave them), ``rewards (B,)``, ``token_level_rewards (B, T)`` (only when every experience has
     one), ``group_ids (B,)``, ``expert_mask (B,)`` (from ``info["is_expert"]``),
     ``model_versions (B,)``, ``info`` (one dict per row), ``prompt_length`` ``P`` and
     ``response_length`` ``T`` (ints).
@@ -108,13 +131,14 @@ def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> dict[st
     group_ids = group_ids_of(experiences)
     if is_dpo:
         group_ids = group_ids.repeat_interleave(2)
-    batch: dict[str, Any] = {
+    batch: TrainBatch = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "position_ids": position_ids_from_mask(attention_mask),
         "response_mask": response_mask,
         "action_mask": action_mask,
         "rollout_logprobs": rollout_logprobs,
+        "has_rollout_logprobs": not is_dpo and all(e.logprobs is not None for e, _, _ in rows),
         "rewards": torch.tensor([float(e.reward or 0.0) for e in row_exps], dtype=torch.float32),
         "group_ids": group_ids,
         "expert_mask": torch.tensor([bool(e.info.get("is_expert", False)) for e in row_exps]),
@@ -128,7 +152,7 @@ def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> dict[st
     return batch
 
 
-def select_rows(batch: dict[str, Any], index: torch.Tensor | list[int]) -> dict[str, Any]:
+def select_rows(batch: TrainBatch, index: torch.Tensor | list[int]) -> TrainBatch:
     """The rows ``index`` of ``batch`` (tensors with a batch dimension, and ``info``)."""
     index = torch.as_tensor(index, dtype=torch.long)
     n = len(batch["info"])
@@ -140,12 +164,12 @@ def select_rows(batch: dict[str, Any], index: torch.Tensor | list[int]) -> dict[
             out[key] = [value[i] for i in index.tolist()]
         else:
             out[key] = value
-    return out
+    return out  # type: ignore[return-value]  # the same keys as ``batch``
 
 
-def to_device(batch: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+def to_device(batch: TrainBatch, device: torch.device | str) -> TrainBatch:
     """``batch`` with every tensor moved to ``device`` (other values unchanged)."""
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}  # type: ignore[return-value]
 
 
-__all__ = ["ROW_TENSOR_KEYS", "build_batch", "position_ids_from_mask", "select_rows", "to_device"]
+__all__ = ["TrainBatch", "build_batch", "position_ids_from_mask", "select_rows", "to_device"]

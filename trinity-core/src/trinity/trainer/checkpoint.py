@@ -183,26 +183,19 @@ def timestamped_name(
 
 
 def apply_continue_rule(config: Config, now: datetime.datetime | None = None) -> Config:
-    """``config``, renamed by :func:`timestamped_name` if needed, with every path derived from the
-    job folder (checkpoints, monitor, logs, buffer cache, default Ray namespace) following it.
-    Returns ``config`` itself when nothing changes, else a copy.
+    """``config``, renamed by :func:`timestamped_name` if needed and then resolved anew, so every
+    value derived from the job folder (checkpoints, monitor, logs, buffer cache, Ray namespaces,
+    the storages' namespaces too) follows the new name. Returns ``config`` itself when nothing
+    changes, else a new config.
     """
-    old_dir = config.job_dir
-    new_name = timestamped_name(config.name, old_dir, config.continue_from_checkpoint, now)
+    from trinity.config.resolve import resolve_with
+
+    if config.mode == "bench":
+        return config  # bench evaluates the run in this folder; a new name would find nothing
+    new_name = timestamped_name(config.name, config.job_dir, config.continue_from_checkpoint, now)
     if new_name == config.name:
         return config
-    old_namespace = "/".join(p for p in (config.project, config.group, config.name) if p)
-    c = config.model_copy(deep=True)
-    c.name = new_name
-    new_dir = c.job_dir
-    c.checkpoint_job_dir = new_dir
-    c.monitor.cache_dir = os.path.join(new_dir, "monitor")
-    c.log.save_dir = os.path.join(new_dir, "log")
-    c.buffer.cache_dir = os.path.join(new_dir, "buffer")
-    if c.ray_namespace == old_namespace:
-        c.ray_namespace = "/".join(p for p in (c.project, c.group, c.name) if p)
-        c.synchronizer.ray_namespace = c.ray_namespace
-    return c
+    return resolve_with(config, {"name": new_name})
 
 
 __all__ = [

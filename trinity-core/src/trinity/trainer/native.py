@@ -1,16 +1,19 @@
 """The native trainer (``trainer.trainer_type: native``): plain PyTorch on CPU or one GPU.
 
 One :meth:`NativeTrainer.train_step` does what veRL's PPO trainer does per step, with the
-algorithm's components taken from the plugin registry:
+algorithm's components built once by :class:`~trinity.trainer.components.AlgorithmComponents`
+(the runtime the veRL back-end shares):
 
 1. build padded tensors from the experiences (:mod:`trinity.trainer.batch`);
 2. reference log-probs (frozen reference model) and critic values, without gradients;
 3. KL penalty on the rewards (``kl_penalty_fn``), then the advantage (``advantage_fn``, when the
    algorithm type ``use_advantage``);
 4. critic update (``use_critic``), then ``ppo_epochs`` actor updates, each one optimizer step
-   accumulated over micro-batches: ``loss = policy_loss + kl_loss - entropy_loss``.
+   accumulated over micro-batches: ``loss = policy_loss + kl_loss - entropy_loss``
+   (:meth:`~trinity.trainer.components.AlgorithmComponents.actor_loss`).
 
-``old_logprob`` is the rollout's own log-probs with ``trainer.use_rollout_logprobs``. Otherwise
+``old_logprob`` is the rollout's own log-probs with ``trainer.use_rollout_logprobs`` (an error
+when some experience carries none and a component needs it). Otherwise
 it is recomputed: in a separate pass when the KL penalty needs it before the advantage, else
 taken (detached) from the first epoch's forward pass, which runs on the same, not yet updated
 weights and so gives the same numbers without a second forward pass.
@@ -23,10 +26,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
+from trinity.lazy import lazy_import
 from trinity.trainer import checkpoint as ckpt
-from trinity.trainer.batch import build_batch, to_device
-from trinity.trainer.compose import shape_rewards_and_advantages
+from trinity.trainer.batch import TrainBatch, build_batch, to_device
+from trinity.trainer.components import AlgorithmComponents
 from trinity.trainer.critic import load_critic, value_loss
 from trinity.trainer.forward import forward_logprobs, forward_values
 from trinity.trainer.metrics import MetricAccumulator, step_summary
@@ -42,8 +45,6 @@ else:
     torch = lazy_import("torch")
 
 logger = logging.getLogger(__name__)
-
-_OFF = (None, "none")
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -67,34 +68,20 @@ class NativeTrainer:
     def __init__(self, config: Config, *, device: str | None = None, total_steps: int | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from trinity.plugins import get_component
-
         self.config = config
         t, algo = config.trainer, config.algorithm
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.compute_dtype = resolve_dtype(t.dtype, self.device)
         self.total_steps = total_steps or t.total_steps or getattr(config.buffer, "total_steps", None)
         torch.manual_seed(t.seed)
-        self.algorithm_type = get_component("algorithm_type", algo.algorithm_type)
-        self.loss_agg_mode = algo.loss_agg_mode or "token-mean"
-        self.policy_loss_fn = self._component("policy_loss_fn", "policy_loss_fn", required=True)
-        self.advantage_fn = self._component("advantage_fn", "advantage_fn")
-        self.kl_penalty_fn = self._component("kl_penalty_fn", "kl_fn")
-        self.kl_loss_fn = self._component("kl_loss_fn", "kl_fn")
-        self.entropy_loss_fn = self._component("entropy_loss_fn", "entropy_loss_fn")
-        if getattr(self.entropy_loss_fn, "entropy_coef", None) == 0:
-            # A zero-weighted bonus adds nothing but a backward pass through the softmax.
-            self.entropy_loss_fn = None
-        if self.algorithm_type.use_advantage and self.advantage_fn is None:
-            raise ValueError(
-                f"algorithm type {algo.algorithm_type!r} uses an advantage but algorithm.advantage_fn is not set"
-            )
+        self.components = comps = AlgorithmComponents.from_config(algo)
+        self.algorithm_type = comps.algorithm_type
+        self.loss_agg_mode = comps.loss_agg_mode
+        self.policy_loss_fn = comps.policy_loss_fn
+        self.advantage_fn = comps.advantage_fn
         # DPO losses average over pairs: weight micro-batches by rows and never split a pair.
         self.pairs = self.algorithm_type.schema == "dpo"
-        needs_ref = "ref_logprob" in self.policy_loss_fn.required_tensors()
-        self.use_ref = self.algorithm_type.use_reference and (
-            needs_ref or self.kl_loss_fn is not None or self.kl_penalty_fn is not None
-        )
+        self.use_ref = comps.use_reference
 
         model_path, trust = config.model.model_path, config.model.trust_remote_code
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust)
@@ -128,22 +115,6 @@ class NativeTrainer:
 
     # -- construction helpers -------------------------------------------------------------------
 
-    def _component(self, key: str, kind: str, required: bool = False) -> Any:
-        from trinity.plugins import get_component
-
-        algo = self.config.algorithm
-        name = getattr(algo, key)
-        if name in _OFF:
-            if required:
-                raise ValueError(f"algorithm.{key} is not set; the native trainer needs one")
-            return None
-        cls = get_component(kind, name)
-        args = dict(getattr(algo, f"{key}_args") or {})
-        try:
-            return cls(**args)
-        except TypeError as exc:
-            raise ValueError(f"algorithm.{key}_args do not fit {kind} {name!r}: {exc}") from None
-
     def _optimizer(self, model: Any) -> torch.optim.Optimizer:
         opt = self.config.algorithm.optimizer
         params = [p for p in model.parameters() if p.requires_grad]
@@ -164,7 +135,7 @@ class NativeTrainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
-    def _micro_batches(self, batch: dict[str, Any]) -> list[list[int]]:
+    def _micro_batches(self, batch: TrainBatch) -> list[list[int]]:
         t = self.config.trainer
         return make_micro_batches(
             batch,
@@ -176,7 +147,7 @@ class NativeTrainer:
 
     @torch.no_grad()
     def _infer(
-        self, model: Any, batch: dict[str, Any], groups: list[list[int]], values: bool = False
+        self, model: Any, batch: TrainBatch, groups: list[list[int]], values: bool = False
     ) -> torch.Tensor:
         out = torch.zeros_like(batch["action_mask"], dtype=torch.float32)
         temperature = self.config.model.temperature
@@ -212,18 +183,16 @@ class NativeTrainer:
             batch["values"] = self._infer(self.critic, batch, groups, values=True)
             self.critic.train()
             timing["timing/values"] = time.perf_counter() - tick
-        if self.config.trainer.use_rollout_logprobs:
-            batch["old_logprob"] = batch["rollout_logprobs"]
-        elif self.kl_penalty_fn is not None:
+        comps = self.components
+        from_rollout = self.config.trainer.use_rollout_logprobs and comps.rollout_old_logprob(batch)
+        if not from_rollout and comps.uses_kl_penalty:
             tick = time.perf_counter()
             batch["old_logprob"] = self._infer(self.model, batch, groups)
             timing["timing/old_log_prob"] = time.perf_counter() - tick
         self.model.train(was_training)
 
         tick = time.perf_counter()
-        batch, shaping_metrics = shape_rewards_and_advantages(
-            batch, self.kl_penalty_fn, self.advantage_fn, self.algorithm_type.use_advantage
-        )
+        batch, shaping_metrics = comps.shape_rewards_and_advantages(batch)
         metrics.update(shaping_metrics)
         timing["timing/adv"] = time.perf_counter() - tick
 
@@ -241,15 +210,15 @@ class NativeTrainer:
         metrics.update(step_summary(batch, timing, self.global_step, self.config.model.max_response_tokens))
         return metrics
 
-    def _loss_weights(self, batch: dict[str, Any], groups: list[list[int]]) -> list[float]:
+    def _loss_weights(self, batch: TrainBatch, groups: list[list[int]]) -> list[float]:
         mode = "rows" if self.pairs else getattr(self.policy_loss_fn, "loss_agg_mode", self.loss_agg_mode)
         return micro_batch_weights(batch["action_mask"], groups, mode)
 
-    def _update_actor(self, batch: dict[str, Any], groups: list[list[int]]) -> dict[str, float]:
+    def _update_actor(self, batch: TrainBatch, groups: list[list[int]]) -> dict[str, float]:
         acc = MetricAccumulator()
         weights = self._loss_weights(batch, groups)
         temperature = self.config.model.temperature
-        entropy_mode = "grad" if self.entropy_loss_fn is not None else "detached"
+        entropy_mode = "grad" if self.components.uses_entropy_bonus else "detached"
         fill_old = "old_logprob" not in batch
         if fill_old:
             batch["old_logprob"] = torch.zeros_like(batch["action_mask"])
@@ -287,30 +256,14 @@ class NativeTrainer:
     def _actor_loss(
         self, logprob: torch.Tensor, entropy: torch.Tensor, mb: dict[str, Any]
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        mask = mb["action_mask"]
+        """The shared :meth:`AlgorithmComponents.actor_loss` on one micro-batch, metrics under
+        ``actor/``: every tensor of the micro-batch but ``input_ids`` reaches the loss, and ``info``."""
         tensors = {k: v for k, v in mb.items() if isinstance(v, torch.Tensor) and k not in ("input_ids",)}
-        tensors["entropy"] = entropy
         tensors["info"] = mb["info"]
-        loss, pm = self.policy_loss_fn(logprob, **tensors)
-        out = {f"actor/{k}": v for k, v in pm.items()}
-        total = loss
-        if self.kl_loss_fn is not None and "ref_logprob" in mb:
-            kl_loss, km = self.kl_loss_fn.calculate_kl_loss(
-                logprob, mb["ref_logprob"], mask, self.loss_agg_mode
-            )
-            total = total + kl_loss
-            out.update({f"actor/{k}": v for k, v in km.items()})
-        if self.entropy_loss_fn is not None:
-            ent_loss, em = self.entropy_loss_fn(entropy, mask, loss_agg_mode=self.loss_agg_mode)
-            total = total - ent_loss
-            out.update({f"actor/{k}": v for k, v in em.items()})
-        from trinity.algorithm import masked_mean
+        loss, metrics = self.components.actor_loss(logprob, entropy, tensors)
+        return loss, {f"actor/{k}": v for k, v in metrics.items()}
 
-        out["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
-        out["actor/loss"] = float(total.detach())
-        return total, out
-
-    def _update_critic(self, batch: dict[str, Any], groups: list[list[int]]) -> dict[str, float]:
+    def _update_critic(self, batch: TrainBatch, groups: list[list[int]]) -> dict[str, float]:
         acc = MetricAccumulator()
         weights = micro_batch_weights(batch["action_mask"], groups, self.loss_agg_mode)
         params = [p for p in self.critic.parameters() if p.requires_grad]

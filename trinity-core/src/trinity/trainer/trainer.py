@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trinity.config import Config
+    from trinity.trainer.backend import TrainerBackend
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class ExperienceTimeout(RuntimeError):
     """The trainer waited the buffer's ``max_read_timeout`` and no experience came."""
 
 
-def _build_backend(config: Config) -> Any:
+def _build_backend(config: Config) -> TrainerBackend:
     kind = config.trainer.trainer_type
     if kind in ("native", "auto"):
         from trinity.trainer.native import NativeTrainer
@@ -55,15 +56,15 @@ class Trainer:
     """One training job's trainer; ``train_step()`` returns metrics, or ``None`` when the
     buffers are exhausted."""
 
-    def __init__(self, config: Config, backend: Any = None) -> None:
+    def __init__(self, config: Config, backend: TrainerBackend | None = None) -> None:
         from trinity.buffer.factory import get_buffer_reader
         from trinity.plugins import get_component
 
         self.config = config
-        self.backend = backend if backend is not None else _build_backend(config)
+        self.backend: TrainerBackend = backend if backend is not None else _build_backend(config)
         trainer_input = config.buffer.trainer_input
-        tokenizer = getattr(self.backend, "tokenizer", None)
-        cache_dir = getattr(config.buffer, "cache_dir", None)
+        tokenizer = self.backend.tokenizer
+        cache_dir = config.buffer.cache_dir
         self.experience_reader = get_buffer_reader(
             trainer_input.experience_buffer, tokenizer=tokenizer, cache_dir=cache_dir
         )
@@ -103,19 +104,16 @@ class Trainer:
 
         next_step = self.step + 1
         reader = self.experience_reader
-        if hasattr(reader, "set_step"):
-            # The SQL buffer records which step consumed each row (column consumed_step).
-            reader.set_step(next_step)
+        reader.set_step(next_step)  # the SQL buffer records it as each row's consumed_step
         reader.expect_step(math.ceil(next_step * self.explore_steps_per_batch - 1e-9))
-        if hasattr(self.sample_strategy, "set_model_version"):
-            self.sample_strategy.set_model_version(self.step)
+        self.sample_strategy.set_model_version(self.step)
         try:
             experiences, sample_metrics = self.sample_strategy.sample(next_step)
         except BufferExhausted:
             logger.info("experience buffer exhausted after %d steps", self.step)
             return None
         if not experiences and reader.short_reason == TIMED_OUT:
-            timeout = getattr(reader, "max_read_timeout", None)
+            timeout = self.config.buffer.trainer_input.experience_buffer.max_read_timeout
             raise ExperienceTimeout(
                 f"trainer step {next_step}: no experience arrived within "
                 f"buffer.trainer_input.experience_buffer.max_read_timeout ({timeout} s); "

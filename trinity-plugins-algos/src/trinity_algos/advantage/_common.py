@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from trinity._lazy import lazy_import
 from trinity.algorithm.advantage import Batch
 from trinity.algorithm.kl import rewards_to_token_level
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trinity._lazy import lazy_import
 from trinity.algorithm import AdvantageFn
 from trinity.algorithm.advantage import Batch
+from trinity.lazy import lazy_import
 from trinity_algos.advantage._common import (
     group_logavgexp,
     group_stats,

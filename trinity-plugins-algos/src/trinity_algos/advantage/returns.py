@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trinity._lazy import lazy_import
 from trinity.algorithm import AdvantageFn, masked_whiten
 from trinity.algorithm.advantage import Batch
+from trinity.lazy import lazy_import
 from trinity_algos.advantage._common import (
     outcome_scores,
     output_dtype,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
 from trinity.algorithm import PolicyLossFn, masked_sum
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch
@@ -28,7 +28,7 @@ class DPOLossFn(PolicyLossFn):
         self.beta = beta
         self.label_smoothing = label_smoothing
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         logprob: torch.Tensor,
         ref_logprob: torch.Tensor,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
 from trinity.algorithm import PolicyLossFn, aggregate_loss, masked_mean
+from trinity.lazy import lazy_import
 from trinity_algos.policy_loss.ppo import LOG_RATIO_CLAMP, resolve_clip_range
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class GSPOPolicyLossFn(PolicyLossFn):
             "gspo", clip_range, clip_range_low, clip_range_high
         )
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         logprob: torch.Tensor,
         old_logprob: torch.Tensor,
@@ -95,7 +95,7 @@ class CISPOPolicyLossFn(PolicyLossFn):
         self.mask_clip_range_low = mask_clip_range_low
         self.mask_clip_range_high = mask_clip_range_high
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         logprob: torch.Tensor,
         old_logprob: torch.Tensor,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
 from trinity.algorithm import PolicyLossFn
+from trinity.lazy import lazy_import
 from trinity_algos.policy_loss.ppo import ppo_clipped_loss, resolve_clip_range
 from trinity_algos.policy_loss.sft import SFTLossFn
 
@@ -44,7 +44,7 @@ class MIXPolicyLossFn(PolicyLossFn):
         self.clip_ratio_c = clip_ratio_c
         self.sft_loss = SFTLossFn(loss_agg_mode=sft_loss_agg_mode)
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         logprob: torch.Tensor,
         old_logprob: torch.Tensor,

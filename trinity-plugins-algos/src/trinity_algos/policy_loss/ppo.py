@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
 from trinity.algorithm import PolicyLossFn, aggregate_loss, masked_mean
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch
@@ -89,7 +89,7 @@ class PPOPolicyLossFn(PolicyLossFn):
             )
         self.clip_ratio_c = clip_ratio_c
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         logprob: torch.Tensor,
         old_logprob: torch.Tensor,

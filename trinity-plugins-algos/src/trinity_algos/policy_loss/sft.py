@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 class SFTLossFn(PolicyLossFn):
     """Supervised fine-tuning: ``agg(-logprob)`` over valid tokens."""
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self, logprob: torch.Tensor, action_mask: torch.Tensor, **kwargs: Any
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Negative log-likelihood of the response tokens."""
@@ -32,7 +32,7 @@ class OPMDPolicyLossFn(PolicyLossFn):
         super().__init__(loss_agg_mode=loss_agg_mode)
         self.tau = tau
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         logprob: torch.Tensor,
         action_mask: torch.Tensor,

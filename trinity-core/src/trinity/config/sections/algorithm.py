@@ -81,11 +81,16 @@ class AlgorithmConfig(Section):
         None, "How token losses are reduced to a scalar; default `token-mean`."
     )
     enable_router_replay: bool = F(
-        False, "Replay rollout expert routing in training (MoE models, veRL only)."
+        False,
+        "Replay rollout expert routing in training (MoE models, veRL only). Has no effect in this version.",
     )
-    bypass_old_logprobs: bool = F(True, "Use rollout logprobs as old logprobs instead of recomputing them.")
+    bypass_old_logprobs: bool = F(
+        True,
+        "Use rollout logprobs as old logprobs instead of recomputing them. Has no effect in this version.",
+    )
     rollout_correction: dict[str, Any] | None = F(
-        None, "Off-policy correction settings (importance weights, rejection sampling), veRL only."
+        None,
+        "Off-policy correction settings (importance weights, rejection sampling), veRL only. Has no effect in this version.",
     )
 
     @field_validator("loss_agg_mode", mode="before")

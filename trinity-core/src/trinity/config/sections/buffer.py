@@ -105,9 +105,19 @@ class _StorageBase(Section):
     subset_name: str | None = F(None, "Dataset subset / configuration name (file storage).")
     format: FormatConfig = F(default_factory=FormatConfig, doc="Column mapping.")
     data_selector: DataSelectorConfig = F(default_factory=DataSelectorConfig, doc="Read order.")
-    max_retry_times: int = F(3, "Retries of a failed SQL operation.", ge=0)
-    max_retry_interval: int = F(1, "Seconds between SQL retries.", ge=0)
-    enable_progress_bar: bool | None = F(False, "Show a progress bar while loading files.")
+    max_retry_times: int = F(
+        3,
+        "Retries of an SQL write or read that fails with a transient database error (`sql` "
+        "experience buffers); no effect on tasksets.",
+        ge=0,
+    )
+    max_retry_interval: int = F(1, "Seconds between those SQL retries; no effect on tasksets.", ge=0)
+    enable_progress_bar: bool | None = F(
+        None,
+        "Console monitor progress bar: `false` prints one plain line per step, `true` always draws "
+        "the bar, unset draws it on a terminal. Read from the training tasksets (explorer) and the "
+        "experience buffer (trainer); no effect elsewhere.",
+    )
     index: int = derived(0, "Read position; restored from checkpoints.", ge=0)
     batch_size: int = derived(
         0, "Rows per read; set from `buffer.batch_size` / `buffer.train_batch_size`.", ge=0

@@ -21,7 +21,9 @@ class DataJuicerServiceConfig(Section):
 class ServiceConfig(Section):
     """External services."""
 
-    data_juicer: DataJuicerServiceConfig | None = F(None, "Data-Juicer service.")
+    data_juicer: DataJuicerServiceConfig | None = F(
+        None, "Data-Juicer service. Has no effect in this version."
+    )
 
 
 class OperatorConfig(Section):
@@ -66,7 +68,7 @@ class ExperiencePipelineConfig(Section):
 class DataProcessorConfig(Section):
     """Task and experience pipelines (Trinity-RFT compatibility; not run by the core)."""
 
-    task_pipeline: TaskPipelineConfig | None = F(None, "Task pipeline.")
+    task_pipeline: TaskPipelineConfig | None = F(None, "Task pipeline. Has no effect in this version.")
     experience_pipeline: ExperiencePipelineConfig | None = F(
-        default_factory=ExperiencePipelineConfig, doc="Experience pipeline."
+        default_factory=ExperiencePipelineConfig, doc="Experience pipeline. Has no effect in this version."
     )

@@ -41,13 +41,15 @@ class InferenceModelConfig(Section):
     tensor_parallel_size: int = F(1, "Tensor-parallel degree of each engine.", ge=1)
     data_parallel_size: int = F(1, "Data-parallel degree of each engine.", ge=1)
     pipeline_parallel_size: int = F(1, "Pipeline-parallel degree of each engine.", ge=1)
-    enable_expert_parallel: bool = F(False, "Expert parallelism for MoE models (vLLM).")
+    enable_expert_parallel: bool = F(
+        False, "Expert parallelism for MoE models (vLLM). Has no effect in this version."
+    )
     gpu_per_engine: int = derived(0, "tensor * data * pipeline parallel size.")
     extra_engine_args: dict[str, Any] = F({}, "Extra keyword arguments for the engine constructor.")
-    use_v1: bool = F(True, "Use the vLLM V1 engine.")
+    use_v1: bool = F(True, "Use the vLLM V1 engine. Has no effect in this version.")
     enforce_eager: bool = F(False, "Disable CUDA graphs (vLLM).")
     enable_prefix_caching: bool = F(True, "Prefix caching (vLLM).")
-    enable_chunked_prefill: bool = F(True, "Chunked prefill (vLLM).")
+    enable_chunked_prefill: bool = F(True, "Chunked prefill (vLLM). Has no effect in this version.")
     gpu_memory_utilization: float = F(0.9, "Fraction of GPU memory the engine may use (vLLM).", gt=0, le=1)
     dtype: str = F("bfloat16", "Weight dtype of the engine (`bfloat16`, `float16`, `float32`, `auto`).")
     seed: int = F(42, "Engine seed.")
@@ -65,10 +67,16 @@ class InferenceModelConfig(Section):
     min_response_tokens: int | None = F(
         None, "Shortest response; defaults to `model.min_response_tokens`.", ge=0
     )
-    enable_prompt_truncation: bool | None = F(None, "Defaults to `model.enable_prompt_truncation`.")
-    repetition_penalty: float | None = F(None, "Defaults to `model.repetition_penalty`.", gt=0)
-    ignore_eos: bool = F(False, "Keep generating past EOS (for benchmarks only).")
-    enable_multimodal: bool = F(False, "Accept images / videos in prompts.")
+    enable_prompt_truncation: bool | None = F(
+        None, "Defaults to `model.enable_prompt_truncation`. Has no effect in this version."
+    )
+    repetition_penalty: float | None = F(
+        None, "Defaults to `model.repetition_penalty`. Has no effect in this version.", gt=0
+    )
+    ignore_eos: bool = F(
+        False, "Keep generating past EOS (for benchmarks only). Has no effect in this version."
+    )
+    enable_multimodal: bool = F(False, "Accept images / videos in prompts. Has no effect in this version.")
     chat_template: str | None = F(None, "Chat template overriding the model's.")
     enable_thinking: bool | None = F(None, "Turn thinking on or off in chat templates that support it.")
     enable_history: bool = F(
@@ -80,7 +88,7 @@ class InferenceModelConfig(Section):
         "without it a runner's API starts when its workflow first asks for `get_openai_client()` "
         "or `base_url`.",
     )
-    enable_log_requests: bool = F(False, "Log API requests (vLLM API server).")
+    enable_log_requests: bool = F(False, "Log API requests (vLLM API server). Has no effect in this version.")
     base_port: int | None = F(
         None,
         "First port of the OpenAI API servers (runner k listens on base_port + k); unset or 0: free ports.",
@@ -88,17 +96,30 @@ class InferenceModelConfig(Section):
         le=MAX_PORT,
     )
     api_key: str = F("EMPTY", "API key the OpenAI API servers require as a Bearer token (`EMPTY`: none).")
-    enable_auto_tool_choice: bool = F(False, "Let the API choose tools automatically.")
-    tool_call_parser: str | None = F(None, "Tool-call parser of the API server.")
-    reasoning_parser: str | None = F(None, "Reasoning parser of the API server.")
-    external_model_config: ExternalModelConfig = F(
-        default_factory=ExternalModelConfig, doc="External OpenAI-compatible model."
+    enable_auto_tool_choice: bool = F(
+        False, "Let the API choose tools automatically. Has no effect in this version."
     )
-    weight_sync_buffer_size: int = F(1024, "Buffer size (MB) of batched NCCL weight sync.", ge=1)
-    enable_return_routed_experts: bool = F(False, "Return MoE routing decisions with each rollout.")
-    enable_lora: bool = derived(False, "Set from `model.lora_configs`.")
-    rope_scaling: dict[str, Any] | None = derived(None, "Set from `model.rope_scaling`.")
-    rope_theta: float | None = derived(None, "Set from `model.rope_theta`.")
+    tool_call_parser: str | None = F(
+        None, "Tool-call parser of the API server. Has no effect in this version."
+    )
+    reasoning_parser: str | None = F(
+        None, "Reasoning parser of the API server. Has no effect in this version."
+    )
+    external_model_config: ExternalModelConfig = F(
+        default_factory=ExternalModelConfig,
+        doc="External OpenAI-compatible model. Has no effect in this version.",
+    )
+    weight_sync_buffer_size: int = F(
+        1024, "Buffer size (MB) of batched NCCL weight sync. Has no effect in this version.", ge=1
+    )
+    enable_return_routed_experts: bool = F(
+        False, "Return MoE routing decisions with each rollout. Has no effect in this version."
+    )
+    enable_lora: bool = derived(False, "Set from `model.lora_configs`. Has no effect in this version.")
+    rope_scaling: dict[str, Any] | None = derived(
+        None, "Set from `model.rope_scaling`. Has no effect in this version."
+    )
+    rope_theta: float | None = derived(None, "Set from `model.rope_theta`. Has no effect in this version.")
 
     @field_validator("engine_type", mode="before")
     @classmethod
@@ -132,8 +153,12 @@ class ExplorerConfig(Section):
 
     name: str = F("explorer", "Ray actor name of the explorer (unique).")
     runner_per_model: int = F(8, "Parallel workflow runners per rollout engine.", ge=1)
-    runner_prepare_concurrency: int = F(128, "Most runners preparing at once.", ge=1)
-    runner_prepare_max_retries: int = F(3, "Retries of a runner that crashes while preparing.", ge=0)
+    runner_prepare_concurrency: int = F(
+        128, "Most runners preparing at once. Has no effect in this version.", ge=1
+    )
+    runner_prepare_max_retries: int = F(
+        3, "Retries of a runner that crashes while preparing. Has no effect in this version.", ge=0
+    )
     max_timeout: int = F(1800, "Seconds a task may run.", ge=1)
     max_retry_times: int = F(2, "Retries of a task that fails or times out.", ge=0)
     max_consecutive_failed_steps: int = F(
@@ -144,12 +169,16 @@ class ExplorerConfig(Section):
     )
     env_vars: dict[str, str] = F({}, "Environment variables set in every workflow runner.")
     concurrent_mode: Literal["sequential", "asynchronous", "multi-threading"] = F(
-        "sequential", "How a runner runs the repeats of one task."
+        "sequential", "How a runner runs the repeats of one task. Has no effect in this version."
     )
     max_repeat_times_per_runner: int | None = F(
-        None, "Split a task's repeats over runners in chunks of this size.", ge=1
+        None,
+        "Split a task's repeats over runners in chunks of this size. Has no effect in this version.",
+        ge=1,
     )
-    runner_num: int | None = F(None, "Deprecated; use `runner_per_model`.", ge=1)
+    runner_num: int | None = F(
+        None, "Deprecated; use `runner_per_model`. Has no effect in this version.", ge=1
+    )
     rollout_model: InferenceModelConfig = F(default_factory=InferenceModelConfig, doc="The rollout engines.")
     auxiliary_models: list[InferenceModelConfig] = F(
         [], "Extra models for workflows (judges, reward models)."
@@ -157,12 +186,30 @@ class ExplorerConfig(Section):
     eval_interval: int = F(100, "Evaluate every this many steps.", ge=1)
     eval_on_startup: bool = F(True, "Evaluate the initial model at step 0.")
     bench_on_latest_checkpoint: bool = F(False, "In `bench` mode evaluate only the latest checkpoint.")
-    proxy_port: int = F(8010, "Port of the serve-mode proxy.", ge=0, le=MAX_PORT)
-    listen_address: str = F("0.0.0.0", "Address the serve-mode proxy listens on.")
-    service_status_check_interval: int = F(60, "Seconds between serve-mode health checks.", ge=1)
-    min_running_model_num: int = F(1, "Engines kept running in serve mode.", ge=0)
-    db_url: str | None = F(None, "Database of the serve-mode history recorder.")
-    over_rollout: OverRolloutConfig = F(default_factory=OverRolloutConfig, doc="Over-rollout settings.")
-    dynamic_timeout: DynamicTimeoutConfig = F(default_factory=DynamicTimeoutConfig, doc="Dynamic timeout.")
-    runner_state_report_interval: int = F(0, "Seconds between runner state reports; 0 disables them.", ge=0)
-    max_inflight_batches: int = F(2, "Explore batches in flight at once.", ge=1)
+    proxy_port: int = F(
+        8010, "Port of the serve-mode proxy. Has no effect in this version.", ge=0, le=MAX_PORT
+    )
+    listen_address: str = F(
+        "0.0.0.0", "Address the serve-mode proxy listens on. Has no effect in this version."
+    )
+    service_status_check_interval: int = F(
+        60, "Seconds between serve-mode health checks. Has no effect in this version.", ge=1
+    )
+    min_running_model_num: int = F(
+        1, "Engines kept running in serve mode. Has no effect in this version.", ge=0
+    )
+    db_url: str | None = F(
+        None, "Database of the serve-mode history recorder. Has no effect in this version."
+    )
+    over_rollout: OverRolloutConfig = F(
+        default_factory=OverRolloutConfig, doc="Over-rollout settings. Has no effect in this version."
+    )
+    dynamic_timeout: DynamicTimeoutConfig = F(
+        default_factory=DynamicTimeoutConfig, doc="Dynamic timeout. Has no effect in this version."
+    )
+    runner_state_report_interval: int = F(
+        0, "Seconds between runner state reports; 0 disables them. Has no effect in this version.", ge=0
+    )
+    max_inflight_batches: int = F(
+        2, "Explore batches in flight at once. Has no effect in this version.", ge=1
+    )

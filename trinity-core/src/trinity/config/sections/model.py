@@ -12,13 +12,17 @@ class LoRAConfig(Section):
 
     name: str | None = F(None, "Adapter name.")
     path: str | None = F(None, "Path of existing adapter weights; empty trains a new adapter.")
-    base_model_name: str | None = F(None, "Name of the base model the adapter belongs to.")
+    base_model_name: str | None = F(
+        None, "Name of the base model the adapter belongs to. Has no effect in this version."
+    )
     lora_rank: int = F(32, "LoRA rank.", ge=1)
     lora_alpha: int = F(32, "LoRA alpha.", gt=0)
-    lora_dtype: str = F("auto", "Adapter dtype.")
+    lora_dtype: str = F("auto", "Adapter dtype. Has no effect in this version.")
     target_modules: str = F("all-linear", "Modules that get adapters.")
-    exclude_modules: str | None = F(None, "Modules that never get adapters.")
-    is_dummy: bool = derived(False, "Set automatically for a freshly initialised adapter.")
+    exclude_modules: str | None = F(None, "Modules that never get adapters. Has no effect in this version.")
+    is_dummy: bool = derived(
+        False, "Set automatically for a freshly initialised adapter. Has no effect in this version."
+    )
 
 
 class TinkerConfig(Section):
@@ -50,7 +54,7 @@ class ModelConfig(Section):
     trust_remote_code: bool = F(False, "Allow custom modelling code shipped with the model.")
     custom_chat_template: str | None = F(None, "Chat template (Jinja) overriding the tokenizer's.")
     chat_template_path: str | None = F(
-        None, "File holding a chat template; overrides `custom_chat_template`."
+        None, "File holding a chat template; overrides `custom_chat_template`. Has no effect in this version."
     )
     temperature: float = F(1.0, "Default sampling temperature (a taskset's `rollout_args` wins).", ge=0)
     top_p: float = F(1.0, "Default nucleus-sampling probability.", gt=0, le=1)
@@ -64,15 +68,30 @@ class ModelConfig(Section):
     max_prompt_tokens: int | None = F(None, "Longest prompt in tokens.", ge=1)
     max_response_tokens: int | None = F(None, "Longest response in tokens.", ge=1)
     min_response_tokens: int = F(0, "Shortest response in tokens (must be below max_response_tokens).", ge=0)
-    enable_prompt_truncation: bool = F(True, "Truncate prompts longer than `max_prompt_tokens`.")
-    repetition_penalty: float = F(1.0, "Repetition penalty for generation.", gt=0)
+    enable_prompt_truncation: bool = F(
+        True, "Truncate prompts longer than `max_prompt_tokens`. Has no effect in this version."
+    )
+    repetition_penalty: float = F(
+        1.0, "Repetition penalty for generation. Has no effect in this version.", gt=0
+    )
     enable_thinking: bool | None = F(None, "Turn thinking on or off in chat templates that support it.")
     lora_configs: list[LoRAConfig] | None = F(None, "LoRA adapters to train instead of full weights.")
-    fully_sharded_loras: bool = F(False, "Shard LoRA weights across tensor-parallel ranks (vLLM).")
-    max_cpu_loras: int | None = F(None, "LoRA adapters kept in CPU memory (vLLM).", ge=1)
-    rope_scaling: dict[str, Any] | None = F(None, "RoPE scaling override passed to the model config.")
-    rope_theta: float | None = F(None, "RoPE theta override passed to the model config.", gt=0)
-    tinker: TinkerConfig = F(default_factory=TinkerConfig, doc="Tinker service settings.")
+    fully_sharded_loras: bool = F(
+        False, "Shard LoRA weights across tensor-parallel ranks (vLLM). Has no effect in this version."
+    )
+    max_cpu_loras: int | None = F(
+        None, "LoRA adapters kept in CPU memory (vLLM). Has no effect in this version.", ge=1
+    )
+    rope_scaling: dict[str, Any] | None = F(
+        None, "RoPE scaling override passed to the model config. Has no effect in this version."
+    )
+    rope_theta: float | None = F(
+        None, "RoPE theta override passed to the model config. Has no effect in this version.", gt=0
+    )
+    tinker: TinkerConfig = F(
+        default_factory=TinkerConfig, doc="Tinker service settings. Has no effect in this version."
+    )
     external_model: ExternalModelConfig = F(
-        default_factory=ExternalModelConfig, doc="External OpenAI-compatible model settings."
+        default_factory=ExternalModelConfig,
+        doc="External OpenAI-compatible model settings. Has no effect in this version.",
     )

@@ -10,7 +10,6 @@ from trinity.config.sections.base import F, Section, derived, invalid_choice, lo
 
 SyncMethod = Literal["checkpoint", "memory", "nccl"]
 SyncStyle = Literal["fixed", "dynamic", "trainer_driven", "explorer_driven", "fully_async"]
-MonitorType = Literal["tensorboard", "wandb", "mlflow", "console"]
 MONITOR_TYPES: tuple[str, ...] = ("tensorboard", "wandb", "mlflow", "console")
 LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -39,7 +38,9 @@ class SynchronizerConfig(Section):
     )
     sync_interval: int = F(1, "Steps between weight syncs.", ge=1)
     explorer_sync_interval: int | None = F(None, "Explorer-side interval; unset or 0: `sync_interval`.", ge=0)
-    trainer_sync_interval: int | None = F(None, "Trainer-side interval; unset or 0: `sync_interval`.", ge=0)
+    trainer_sync_interval: int | None = F(
+        None, "Trainer-side interval; unset or 0: `sync_interval`. Has no effect in this version.", ge=0
+    )
     sync_offset: int = F(0, "Steps the explorer may run ahead of the trainer.", ge=0)
     sync_timeout: int = F(
         3600,
@@ -50,8 +51,12 @@ class SynchronizerConfig(Section):
         "rollout_weight_sync",
         "Accepted for Trinity-RFT compatibility: each stage's `nccl` group has a store of its own.",
     )
-    wait_for_checkpoint: bool = F(False, "Wait for the newest checkpoint to be complete before loading.")
-    explorer_world_size: int | None = derived(None, "Set from the rollout engines' GPU count.")
+    wait_for_checkpoint: bool = F(
+        False, "Wait for the newest checkpoint to be complete before loading. Has no effect in this version."
+    )
+    explorer_world_size: int | None = derived(
+        None, "Set from the rollout engines' GPU count. Has no effect in this version."
+    )
     ray_namespace: str = derived("", "Set from the global `ray_namespace`.")
 
     @field_validator("sync_method", mode="before")
@@ -76,7 +81,9 @@ class MonitorConfig(Section):
     monitor_args: dict[str, Any] | None = F(
         None, "Monitor arguments (wandb `base_url`/`api_key`, mlflow `uri`, ...)."
     )
-    detailed_stats: bool = F(False, "Log mean/std/max/min of evaluation metrics.")
+    detailed_stats: bool = F(
+        False, "Log mean/std/max/min of evaluation metrics. Has no effect in this version."
+    )
     enable_ray_timeline: bool = F(False, "Write a Ray timeline to `<job_dir>/monitor/timeline.json`.")
     cache_dir: str = derived("", "Set to `<job_dir>/monitor`.")
 
@@ -102,7 +109,7 @@ class LogConfig(Section):
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = F("INFO", "Log level.")
     group_by_node: bool = F(False, "Put each node's logs in its own folder `<job_dir>/log/<node_ip>/`.")
-    save_dir: str = derived("", "Set to `<job_dir>/log`.")
+    save_dir: str = derived("", "Set to `<job_dir>/log`. Has no effect in this version.")
 
     @field_validator("level", mode="before")
     @classmethod

@@ -34,7 +34,9 @@ class TrainerConfig(Section):
     )
     trainer_strategy: Literal["fsdp", "fsdp2", "megatron"] = F("fsdp2", "veRL parallel strategy.")
     save_interval: int = F(0, "Save a checkpoint every this many steps; 0 saves only at the end.", ge=0)
-    enable_preview: bool = F(True, "Log rollout previews to the monitor (wandb).")
+    enable_preview: bool = F(
+        True, "Log rollout previews to the monitor (wandb). Has no effect in this version."
+    )
     total_steps: int | None = F(None, "Stop training after this many steps; unset: no limit.", ge=1)
     save_hf_checkpoint: Literal["always", "never", "last"] = F(
         "last", "Which checkpoints are also saved in Hugging Face format."
@@ -51,19 +53,24 @@ class TrainerConfig(Section):
     )
     ulysses_sequence_parallel_size: int = F(1, "Ulysses sequence-parallel size.", ge=1)
     fix_actor_microbatch_loss_scale: bool = F(
-        False, "Scale micro-batch losses by token share (experimental)."
+        False, "Scale micro-batch losses by token share (experimental). Has no effect in this version."
     )
     param_offload: bool = F(False, "Offload parameters to CPU (FSDP).")
     optimizer_offload: bool = F(False, "Offload optimizer state to CPU (FSDP).")
-    grad_offload: bool = F(False, "Offload gradients to CPU (FSDP).")
+    grad_offload: bool = F(False, "Offload gradients to CPU (FSDP). Has no effect in this version.")
     offload_policy: bool = F(False, "FSDP2 CPU offload policy.")
-    save_strategy: SaveStrategy = F("unrestricted", "Which processes may save checkpoints at the same time.")
+    save_strategy: SaveStrategy = F(
+        "unrestricted",
+        "Which processes may save checkpoints at the same time. Has no effect in this version.",
+    )
     max_checkpoints_to_keep: int | None = F(
         None, "Checkpoints kept; older ones are deleted. Unset or 0: all.", ge=0
     )
     max_actor_ckpt_to_keep: int | None = F(None, "Actor checkpoints kept (veRL); unset: all.", ge=0)
     max_critic_ckpt_to_keep: int | None = F(None, "Critic checkpoints kept (veRL); unset: all.", ge=0)
-    megatron: MegatronParallelConfig = F(default_factory=MegatronParallelConfig, doc="Megatron parallelism.")
+    megatron: MegatronParallelConfig = F(
+        default_factory=MegatronParallelConfig, doc="Megatron parallelism. Has no effect in this version."
+    )
     trainer_config: dict[str, Any] | None = F(
         None, "veRL configuration passed through unchanged (`actor_rollout_ref`, `critic`, `trainer`, ...)."
     )

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from trinity.experience import Experience
+    from trinity.sync.group import GroupSpec
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -192,22 +193,15 @@ class RolloutEngine(ABC):
 
     def weight_sync_devices(self) -> list[str]:
         """One entry per rank this engine puts into the weight-sync group: ``"cpu"`` or
-        ``"cuda:<uuid>"`` (see :func:`trinity.sync.nccl.describe_device`)."""
+        ``"cuda:<uuid>"`` (see :func:`trinity.sync.group.describe_device`)."""
         raise NotImplementedError(
             f"{type(self).__name__} cannot join a weight-sync group (synchronizer.sync_method 'nccl'); "
             "use sync_method 'memory' or 'checkpoint'"
         )
 
-    def init_weight_group(
-        self,
-        master_addr: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        backend: str,
-        timeout_s: float,
-    ) -> None:
-        """Join the group as ranks ``rank_offset ..`` (blocks until every rank has joined)."""
+    def init_weight_group(self, spec: GroupSpec, rank_offset: int) -> None:
+        """Join the group ``spec`` describes as ranks ``rank_offset ..`` (blocks until every
+        rank has joined); each rank holds a :class:`trinity.sync.broadcast.WeightReceiver`."""
         raise NotImplementedError(f"{type(self).__name__} cannot join a weight-sync group")
 
     def receive_weights(self, metas: list[Any], version: int) -> None:

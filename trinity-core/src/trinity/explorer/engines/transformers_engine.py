@@ -29,9 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from trinity._lazy import lazy_import
 from trinity.explorer.engines.base import RolloutEngine, SamplingArgs, finish_point
+from trinity.sync.broadcast import WeightReceiver, parse_metas
+from trinity.sync.group import describe_device
 
 if TYPE_CHECKING:
     import torch
+
+    from trinity.sync.group import GroupSpec
 else:
     torch = lazy_import("torch")
 
@@ -165,6 +169,8 @@ class TransformersEngine(RolloutEngine):
         self.calls_batched = 0
         self.seed = seed
         self._generator = torch.Generator().manual_seed(seed)
+        # Its rank of the trainer's weight-sync group (sync_method nccl).
+        self._weight_receiver = WeightReceiver("receive_weights: this engine")
 
         eos = self.model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -385,36 +391,14 @@ class TransformersEngine(RolloutEngine):
 
     def weight_sync_devices(self) -> list[str]:
         """One rank, on this engine's device."""
-        from trinity.sync.nccl import describe_device
-
         return [describe_device(self.device)]
 
-    def init_weight_group(
-        self,
-        master_addr: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        backend: str,
-        timeout_s: float,
-    ) -> None:
-        from trinity.sync.nccl import WeightSyncGroup, use_device
-
-        self.close_weight_group()
-        if backend == "nccl":
-            use_device(self.device)
-        self._weight_group = WeightSyncGroup.join(
-            master_addr, master_port, rank_offset, world_size, backend, timeout_s
-        )
+    def init_weight_group(self, spec: GroupSpec, rank_offset: int) -> None:
+        self._weight_receiver.join(spec, rank_offset, self.device)
 
     @torch.no_grad()
     def receive_weights(self, metas: list[Any], version: int) -> None:
         """Receive a broadcast into the model's parameters (names as in its ``state_dict``)."""
-        from trinity.sync.nccl import WeightSyncError, parse_metas, receive_weights
-
-        group = getattr(self, "_weight_group", None)
-        if group is None:
-            raise WeightSyncError("receive_weights: this engine has not joined a weight-sync group")
         metas = parse_metas(metas)
         own = self._named_targets()
         problem = self._check_names(own, {name: m.shape for m in metas for name in m.names})
@@ -425,14 +409,11 @@ class TransformersEngine(RolloutEngine):
                 target.copy_(value.to(device=target.device, dtype=target.dtype))
 
         with self._lock:
-            receive_weights(group, metas, version, load, problem=problem)
+            self._weight_receiver.receive(metas, version, load, problem=problem)
             self._model_version = version
 
     def close_weight_group(self) -> None:
-        group = getattr(self, "_weight_group", None)
-        self._weight_group = None
-        if group is not None:
-            group.close()
+        self._weight_receiver.close()
 
     def load_checkpoint(self, path: str | Path, version: int) -> None:
         from transformers import AutoModelForCausalLM

@@ -16,7 +16,9 @@ and :meth:`VLLMEngine.logprobs` uses ``prompt_logprobs=0`` (temperature 1).
 Weight updates go through ``collective_rpc`` to :class:`WeightUpdateExtension`, which vLLM
 mixes into its GPU workers (``worker_extension_cls``): a state dict or a checkpoint path
 (``memory`` / ``checkpoint`` sync), or, for ``sync_method: nccl``, each worker joins the
-trainer's weight-sync group and receives the broadcast itself (:mod:`trinity.sync.nccl`).
+trainer's weight-sync group and receives the broadcast itself (a
+:class:`~trinity.sync.broadcast.WeightReceiver`; the group's
+:class:`~trinity.sync.group.GroupSpec` crosses ``collective_rpc`` in wire form).
 
 Every vLLM name used here is checked against an installed release by
 ``noxfile.py``'s ``vllm_api`` session (vLLM installed in its own environment, import only).
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 
     from trinity.config import InferenceModelConfig
     from trinity.experience import Experience
+    from trinity.sync.broadcast import WeightReceiver
+    from trinity.sync.group import GroupSpec
 
 # vLLM names this module relies on (checked by the nox session `vllm_api`).
 VLLM_API = {
@@ -149,7 +153,7 @@ class WeightUpdateExtension:
 
     The ``trinity_*_weight_group`` / ``trinity_receive_weights`` methods make each worker a rank
     of the trainer's weight-sync group (``sync_method: nccl``; rank = the engine's offset + the
-    worker's ``rank``). They use only ``self.rank``, ``self.device`` and
+    worker's ``rank``) through a :class:`~trinity.sync.broadcast.WeightReceiver`. They use only ``self.rank``, ``self.device`` and
     ``self.model_runner.model.load_weights`` of the worker; vLLM itself cannot run without a GPU,
     so they are tested with a stand-in ``model_runner`` and the names are checked by
     ``nox -s vllm_api``.
@@ -171,44 +175,33 @@ class WeightUpdateExtension:
             self.model_runner.model.load_weights(weights=load_file(file).items())  # type: ignore[attr-defined]
 
     def trinity_weight_sync_device(self) -> str:
-        from trinity.sync.nccl import describe_device
+        from trinity.sync.group import describe_device
 
         return describe_device(getattr(self, "device", None))
 
-    def trinity_init_weight_group(
-        self,
-        master_addr: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        backend: str,
-        timeout_s: float,
-    ) -> None:
-        from trinity.sync.nccl import WeightSyncGroup
+    @property
+    def trinity_weight_receiver(self) -> WeightReceiver:
+        """This worker's rank of the weight-sync group (made on first use: vLLM builds the
+        worker, so there is no constructor of ours to make it in)."""
+        receiver = getattr(self, "_trinity_weight_receiver", None)
+        if receiver is None:
+            from trinity.sync.broadcast import WeightReceiver
 
-        self.trinity_close_weight_group()
+            receiver = self._trinity_weight_receiver = WeightReceiver("trinity_receive_weights: this worker")
+        return receiver
+
+    def trinity_init_weight_group(self, spec: dict[str, Any], rank_offset: int) -> None:
+        """Join as rank ``rank_offset`` + this worker's rank; ``spec`` is a ``GroupSpec`` in wire form."""
         rank = rank_offset + int(getattr(self, "rank", 0))
-        self._trinity_weight_group = WeightSyncGroup.join(
-            master_addr, master_port, rank, world_size, backend, timeout_s
-        )
+        self.trinity_weight_receiver.join(spec, rank, getattr(self, "device", None))
 
     def trinity_receive_weights(self, metas: list[Any], version: int) -> None:
-        from trinity.sync.nccl import WeightSyncError, receive_weights
-
-        group = getattr(self, "_trinity_weight_group", None)
-        if group is None:
-            raise WeightSyncError("trinity_receive_weights: this worker has not joined a weight-sync group")
-
-        def load(batch: list[tuple[str, Any]]) -> None:
-            self.model_runner.model.load_weights(weights=batch)  # type: ignore[attr-defined]
-
-        receive_weights(group, metas, version, load, batch_bytes=self.trinity_load_batch_bytes)
+        self.trinity_weight_receiver.receive(
+            metas, version, self.trinity_load_weights, batch_bytes=self.trinity_load_batch_bytes
+        )
 
     def trinity_close_weight_group(self) -> None:
-        group = getattr(self, "_trinity_weight_group", None)
-        self._trinity_weight_group = None
-        if group is not None:
-            group.close()
+        self.trinity_weight_receiver.close()
 
 
 class VLLMEngineActor:
@@ -259,8 +252,8 @@ class VLLMEngineActor:
     async def weight_sync_devices(self) -> list[str]:
         return list(await self.engine.collective_rpc("trinity_weight_sync_device"))
 
-    async def init_weight_group(self, *args: Any) -> None:
-        await self.engine.collective_rpc("trinity_init_weight_group", args=args)
+    async def init_weight_group(self, spec: dict[str, Any], rank_offset: int) -> None:
+        await self.engine.collective_rpc("trinity_init_weight_group", args=(spec, rank_offset))
 
     async def receive_weights(self, metas: list[Any], version: int) -> None:
         await self.engine.collective_rpc("trinity_receive_weights", args=(metas, version))
@@ -319,22 +312,11 @@ class VLLMEngine(RolloutEngine):
 
         return ray.get(self.actor.weight_sync_devices.remote())
 
-    def init_weight_group(
-        self,
-        master_addr: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        backend: str,
-        timeout_s: float,
-    ) -> None:
+    def init_weight_group(self, spec: GroupSpec, rank_offset: int) -> None:
         import ray
 
-        ray.get(
-            self.actor.init_weight_group.remote(
-                master_addr, int(master_port), rank_offset, world_size, backend, float(timeout_s)
-            )
-        )
+        # Plain values: vLLM passes collective_rpc arguments through msgpack.
+        ray.get(self.actor.init_weight_group.remote(spec.to_wire(), int(rank_offset)))
 
     def receive_weights(self, metas: list[Any], version: int) -> None:
         import ray

@@ -27,8 +27,7 @@ from trinity.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from trinity.config import Config
-
-_OFF = (None, "none")
+    from trinity.trainer.components import AlgorithmComponents
 
 # Trinity advantage names whose veRL estimator has another name (for the informational
 # ``algorithm.adv_estimator`` key; our AdvantageFn computes the advantage either way).
@@ -147,7 +146,7 @@ def _arg(config: Config, key: str, arg: str, default: Any) -> Any:
     return (getattr(config.algorithm, f"{key}_args") or {}).get(arg, default)
 
 
-def _actor_rollout_ref(config: Config, n_gpus: int) -> dict[str, Any]:
+def _actor_rollout_ref(config: Config, n_gpus: int, comps: AlgorithmComponents) -> dict[str, Any]:
     t, m, algo = config.trainer, config.model, config.algorithm
     mini, n = _mini_batch(config)
     # Unset: one micro-batch per GPU and mini-batch, like the native trainer's "whole batch".
@@ -164,8 +163,8 @@ def _actor_rollout_ref(config: Config, n_gpus: int) -> dict[str, Any]:
     if m.lora_configs:
         lora = m.lora_configs[0]
         model.update(lora_rank=lora.lora_rank, lora_alpha=lora.lora_alpha, target_modules=lora.target_modules)
-    kl_on = algo.kl_loss_fn not in _OFF
-    entropy_on = algo.entropy_loss_fn not in _OFF
+    kl_on = comps.uses_kl_loss
+    entropy_on = comps.uses_entropy_bonus
     actor = {
         "strategy": t.trainer_strategy,
         "ppo_mini_batch_size": mini,
@@ -314,22 +313,23 @@ def build_verl_config(
     ``node_num`` / ``gpu_per_node`` override ``cluster.*`` (the launcher passes what Ray reports
     when those are 0). Raises :class:`~trinity.config.errors.ConfigError` naming the key at fault.
     """
-    from trinity.plugins import get_component
+    from trinity.trainer.components import AlgorithmComponents
 
     nnodes, n_gpus_per_node = trainer_gpu_split(config, node_num, gpu_per_node)
     steps = total_training_steps(config)
     t, m, algo = config.trainer, config.model, config.algorithm
-    algo_cls = get_component("algorithm_type", algo.algorithm_type)
+    # The back-ends' own reading of the algorithm, so the informational keys say what runs.
+    comps = AlgorithmComponents.from_config(algo)
     translated: dict[str, Any] = {
-        "actor_rollout_ref": _actor_rollout_ref(config, nnodes * n_gpus_per_node),
-        "critic": {"enable": bool(algo_cls.use_critic), **_critic(config)},
+        "actor_rollout_ref": _actor_rollout_ref(config, nnodes * n_gpus_per_node, comps),
+        "critic": {"enable": bool(comps.algorithm_type.use_critic), **_critic(config)},
         "data": {
             "max_prompt_length": m.max_prompt_tokens,
             "max_response_length": m.max_response_tokens,
         },
         "algorithm": {
             "adv_estimator": _ADV_ESTIMATOR.get(algo.advantage_fn, algo.advantage_fn),
-            "use_kl_in_reward": algo.kl_penalty_fn not in _OFF,
+            "use_kl_in_reward": comps.uses_kl_penalty,
         },
         "trainer": {
             "nnodes": nnodes,

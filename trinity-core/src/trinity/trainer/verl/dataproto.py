@@ -31,13 +31,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
     from trinity.experience import Experience
+    from trinity.trainer.batch import TrainBatch
 else:
     torch = lazy_import("torch")
     np = lazy_import("numpy")
@@ -61,7 +62,7 @@ VERL_TO_TRINITY: dict[str, str] = {v: k for k, v in TRINITY_TO_VERL.items()}
 ROW_KEYS = ("group_ids", "expert_mask")
 
 
-def token_level_scores(batch: dict[str, Any]) -> torch.Tensor:
+def token_level_scores(batch: TrainBatch) -> torch.Tensor:
     """``(B, T)`` scores before any KL penalty: ``token_level_scores`` when the KL penalty has set
     them, else the experiences' token-level rewards, else each row's reward on its last action
     token (where veRL's reward manager and our KL penalty put a sequence score)."""
@@ -73,12 +74,12 @@ def token_level_scores(batch: dict[str, Any]) -> torch.Tensor:
     return rewards_to_token_level(batch["rewards"], batch["action_mask"])
 
 
-def verl_tensors(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+def verl_tensors(batch: TrainBatch) -> dict[str, torch.Tensor]:
     """veRL's tensors for a batch built by :func:`~trinity.trainer.batch.build_batch` (and possibly
     extended with ``old_logprob``, ``ref_logprob``, ``values``, ``advantages``, ``returns``).
 
     ``rollout_log_probs`` is included only when ``batch["has_rollout_logprobs"]`` is true (set by
-    :func:`build_verl_batch`), so zeros never pass for log-probs.
+    :func:`~trinity.trainer.batch.build_batch`), so zeros never pass for log-probs.
     """
     p = batch["prompt_length"]
     input_ids = batch["input_ids"]
@@ -102,9 +103,7 @@ def verl_tensors(batch: dict[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def verl_non_tensors(
-    batch: dict[str, Any], experiences: list[Experience] | None = None
-) -> dict[str, np.ndarray]:
+def verl_non_tensors(batch: TrainBatch, experiences: list[Experience] | None = None) -> dict[str, np.ndarray]:
     """veRL's non-tensor batch: ``uid`` (object array), one task id per row."""
     if experiences is not None:
         uids = [str(e.eid.tid) for e in experiences]
@@ -113,10 +112,10 @@ def verl_non_tensors(
     return {"uid": np.array(uids, dtype=object)}
 
 
-def build_verl_batch(experiences: list[Experience], pad_token_id: int = 0) -> dict[str, Any]:
-    """:func:`~trinity.trainer.batch.build_batch` plus what veRL needs to know about it:
-    ``has_rollout_logprobs`` and ``uids``. DPO pairs are rejected (veRL's dynamic batching may
-    separate a pair; train DPO with ``trainer_type: native``)."""
+def build_verl_batch(experiences: list[Experience], pad_token_id: int = 0) -> TrainBatch:
+    """:func:`~trinity.trainer.batch.build_batch` plus the rows' task ids (``uids``, veRL's group
+    key). DPO pairs are rejected (veRL's dynamic batching may separate a pair; train DPO with
+    ``trainer_type: native``)."""
     from trinity.trainer.batch import build_batch
 
     if any(e.chosen is not None or e.rejected is not None for e in experiences):
@@ -129,12 +128,11 @@ def build_verl_batch(experiences: list[Experience], pad_token_id: int = 0) -> di
             "the veRL trainer needs at least one prompt token per experience (veRL's unpadding assumes it)"
         )
     batch = build_batch(experiences, pad_token_id)
-    batch["has_rollout_logprobs"] = all(e.logprobs is not None for e in experiences)
     batch["uids"] = [str(e.eid.tid) for e in experiences]
     return batch
 
 
-def pad_rows(batch: dict[str, Any], multiple: int) -> tuple[dict[str, Any], int]:
+def pad_rows(batch: TrainBatch, multiple: int) -> tuple[TrainBatch, int]:
     """``batch`` padded to a multiple of ``multiple`` rows, and its real row count.
 
     veRL splits a batch evenly over data-parallel ranks. A padding row copies the last real row
@@ -158,10 +156,10 @@ def pad_rows(batch: dict[str, Any], multiple: int) -> tuple[dict[str, Any], int]
             out[key] = list(value) + [value[-1]] * extra
         else:
             out[key] = value
-    return out, n
+    return out, n  # type: ignore[return-value]  # the same keys as ``batch``
 
 
-def meta_info(batch: dict[str, Any], temperature: float) -> dict[str, Any]:
+def meta_info(batch: TrainBatch, temperature: float) -> dict[str, Any]:
     """veRL's ``meta_info``: sampling temperature (log-probs are taken at it) and tokens per row."""
     return {
         "temperature": temperature,
@@ -169,7 +167,7 @@ def meta_info(batch: dict[str, Any], temperature: float) -> dict[str, Any]:
     }
 
 
-def batch_to_dataproto(batch: dict[str, Any], temperature: float = 1.0) -> Any:
+def batch_to_dataproto(batch: TrainBatch, temperature: float = 1.0) -> Any:
     """A ``verl.DataProto`` of ``batch`` (see :func:`build_verl_batch`). Imports veRL."""
     from verl import DataProto
 

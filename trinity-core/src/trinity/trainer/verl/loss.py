@@ -4,11 +4,13 @@ veRL's training workers take their loss as a value: ``worker_group.set_loss_fn(f
 to every worker (pickled through Ray), and the FSDP engine calls
 ``fn(model_output=..., data=<micro-batch TensorDict>, dp_group=...)`` for each micro-batch and
 back-propagates what it returns. :class:`ActorLoss` is that function for Trinity: it carries only
-the *names and arguments* of the algorithm's components, and looks the classes up through
-:func:`trinity.plugins.get_component` inside the worker on first use, after the worker process
-has loaded the same plugins as the driver (``--plugin-dir`` folders travel in
-``TRINITY_PLUGIN_DIRS``). So a policy loss from a third-party plugin trains under veRL exactly as
-under the native trainer: ``loss = policy_loss + kl_loss - entropy_bonus``.
+the *names and arguments* of the algorithm's loss components
+(:func:`~trinity.trainer.components.algorithm_spec`), and builds the same
+:class:`~trinity.trainer.components.AlgorithmComponents` as the native trainer inside the worker
+on first use, after the worker process has loaded the same plugins as the driver
+(``--plugin-dir`` folders travel in ``TRINITY_PLUGIN_DIRS``). Its loss is
+:meth:`AlgorithmComponents.actor_loss <trinity.trainer.components.AlgorithmComponents.actor_loss>`,
+the native trainer's: ``loss = policy_loss + kl_loss - entropy_bonus``.
 
 veRL sums micro-batch losses and averages gradients over data-parallel ranks, so each
 micro-batch's loss must already be scaled to its share of the global mini-batch
@@ -20,7 +22,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
+from trinity.lazy import lazy_import
+from trinity.trainer.components import LOSS_KEYS, AlgorithmComponents, algorithm_spec
 from trinity.trainer.verl.dataproto import ROW_KEYS, VERL_TO_TRINITY
 
 if TYPE_CHECKING:
@@ -29,54 +32,6 @@ if TYPE_CHECKING:
     from trinity.config import Config
 else:
     torch = lazy_import("torch")
-
-_OFF = (None, "none")
-# The algorithm keys ActorLoss carries to the workers.
-_KEYS = ("policy_loss_fn", "kl_loss_fn", "entropy_loss_fn")
-_KINDS = {"policy_loss_fn": "policy_loss_fn", "kl_loss_fn": "kl_fn", "entropy_loss_fn": "entropy_loss_fn"}
-
-
-def compose_actor_loss(
-    components: dict[str, Any],
-    logprob: torch.Tensor,
-    entropy: torch.Tensor | None,
-    tensors: dict[str, Any],
-    loss_agg_mode: str,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """``policy_loss + kl_loss - entropy_bonus`` for one micro-batch, as the native trainer forms it.
-
-    ``tensors`` holds Trinity names (``action_mask``, ``old_logprob``, ``advantages``,
-    ``ref_logprob``, …); ``components`` maps ``policy_loss_fn`` / ``kl_loss_fn`` /
-    ``entropy_loss_fn`` to instances (the last two may be ``None``). Metric names carry no prefix.
-    """
-    from trinity.algorithm import masked_mean
-
-    mask = tensors["action_mask"]
-    kwargs = dict(tensors)
-    if entropy is not None:
-        kwargs["entropy"] = entropy
-    loss, metrics = components["policy_loss_fn"](logprob, **kwargs)
-    metrics = dict(metrics)
-    total = loss
-    kl_fn = components.get("kl_loss_fn")
-    if kl_fn is not None:
-        if "ref_logprob" not in tensors:
-            raise ValueError("the KL loss needs ref_logprob, but the batch has no reference log-probs")
-        kl_loss, km = kl_fn.calculate_kl_loss(logprob, tensors["ref_logprob"], mask, loss_agg_mode)
-        total = total + kl_loss
-        metrics.update(km)
-    entropy_fn = components.get("entropy_loss_fn")
-    if entropy_fn is not None:
-        if entropy is None:
-            raise ValueError("the entropy bonus needs entropy; ask veRL for it with calculate_entropy")
-        ent_loss, em = entropy_fn(entropy, mask, loss_agg_mode=loss_agg_mode)
-        total = total - ent_loss
-        metrics.update(em)
-    if entropy is not None:
-        metrics["entropy"] = float(masked_mean(entropy.detach(), mask))
-    # veRL replaces this with its own sum over micro-batches, which means the same thing.
-    metrics["loss"] = float(total.detach())
-    return total, metrics
 
 
 def global_loss_scale(
@@ -119,18 +74,15 @@ class ActorLoss:
     def __init__(self, algorithm: dict[str, Any], plugin_dirs: list[str] | None = None) -> None:
         self.algorithm = dict(algorithm)
         self.plugin_dirs = list(plugin_dirs or [])
-        self._components: dict[str, Any] | None = None
+        self._components: AlgorithmComponents | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> ActorLoss:
         """The loss of ``config.algorithm``, with the driver's plugin folders."""
         from trinity.plugins import ENV_DIRS
 
-        algo = config.algorithm
-        spec: dict[str, Any] = {"loss_agg_mode": algo.loss_agg_mode or "token-mean"}
-        for key in _KEYS:
-            spec[key] = getattr(algo, key)
-            spec[f"{key}_args"] = dict(getattr(algo, f"{key}_args") or {})
+        spec = algorithm_spec(config.algorithm, LOSS_KEYS)
+        spec.pop("algorithm_type")  # checked on the driver; the workers need only the loss
         dirs = [d for d in os.environ.get(ENV_DIRS, "").split(os.pathsep) if d]
         return cls(spec, dirs)
 
@@ -142,44 +94,26 @@ class ActorLoss:
     def loss_agg_mode(self) -> str:
         return self.algorithm.get("loss_agg_mode") or "token-mean"
 
-    def components(self) -> dict[str, Any]:
-        """Instances of the policy loss, KL loss and entropy bonus (built once per process)."""
+    def components(self) -> AlgorithmComponents:
+        """The loss components, built from the names once per process (as the native trainer's)."""
         if self._components is None:
-            from trinity.plugins import add_plugin_dirs, get_component
+            from trinity.plugins import add_plugin_dirs
 
             if self.plugin_dirs:
                 add_plugin_dirs(self.plugin_dirs)
-            built: dict[str, Any] = {}
-            for key in _KEYS:
-                name = self.algorithm.get(key)
-                if name in _OFF:
-                    if key == "policy_loss_fn":
-                        raise ValueError("algorithm.policy_loss_fn is not set; the veRL trainer needs one")
-                    built[key] = None
-                    continue
-                cls = get_component(_KINDS[key], name)
-                args = self.algorithm.get(f"{key}_args") or {}
-                try:
-                    built[key] = cls(**args)
-                except TypeError as exc:
-                    raise ValueError(
-                        f"algorithm.{key}_args do not fit {_KINDS[key]} {name!r}: {exc}"
-                    ) from None
-            if getattr(built["entropy_loss_fn"], "entropy_coef", None) == 0:
-                built["entropy_loss_fn"] = None  # a zero-weighted bonus costs a softmax backward for nothing
-            self._components = built
+            spec = {k: v for k, v in self.algorithm.items() if k != "algorithm_type"}
+            self._components = AlgorithmComponents.from_spec(spec)
         return self._components
 
     def needs_entropy(self) -> bool:
         """Whether the loss uses entropy (veRL computes it only when asked)."""
-        comps = self.components()
-        return comps["entropy_loss_fn"] is not None or "entropy" in comps["policy_loss_fn"].required_tensors()
+        return self.components().needs_entropy
 
     def compute(
         self, logprob: torch.Tensor, entropy: torch.Tensor | None, tensors: dict[str, Any]
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """:func:`compose_actor_loss` with this loss's components (no scaling)."""
-        return compose_actor_loss(self.components(), logprob, entropy, tensors, self.loss_agg_mode)
+        """:meth:`AlgorithmComponents.actor_loss` with this loss's components (no scaling)."""
+        return self.components().actor_loss(logprob, entropy, tensors)
 
     def __call__(
         self, model_output: dict[str, Any], data: Any, dp_group: Any = None
@@ -216,4 +150,4 @@ def _non_tensor(data: Any, key: str) -> Any:
     return tu.get_non_tensor_data(data=data, key=key, default=None)
 
 
-__all__ = ["ActorLoss", "compose_actor_loss", "global_loss_scale"]
+__all__ = ["ActorLoss", "global_loss_scale"]

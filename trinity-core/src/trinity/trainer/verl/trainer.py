@@ -7,8 +7,8 @@ algorithm: one step is
 1. experiences → our padded batch (:func:`~trinity.trainer.verl.dataproto.build_verl_batch`);
 2. on veRL's FSDP worker groups: reference log-probs (``compute_ref_log_prob``), critic values
    (``infer_batch``), old log-probs (``compute_log_prob``, unless ``trainer.use_rollout_logprobs``);
-3. here, on the driver: our KL penalty and our ``AdvantageFn`` on those tensors, exactly as the
-   native trainer applies them;
+3. here, on the driver: our KL penalty and our ``AdvantageFn`` on those tensors, with the
+   native trainer's code (:class:`~trinity.trainer.components.AlgorithmComponents`);
 4. on the workers: critic update (``train_mini_batch`` with veRL's value loss), then the actor
    update (``update_actor``) whose loss is our :class:`~trinity.trainer.verl.loss.ActorLoss`.
 
@@ -28,6 +28,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from trinity.trainer import checkpoint as ckpt
+from trinity.trainer.components import AlgorithmComponents
 from trinity.trainer.verl.config import build_verl_config, total_training_steps
 from trinity.trainer.verl.dataproto import batch_to_dataproto, build_verl_batch, pad_rows
 from trinity.trainer.verl.loss import ActorLoss
@@ -37,10 +38,10 @@ if TYPE_CHECKING:
 
     from trinity.config import Config
     from trinity.experience import Experience
+    from trinity.trainer.batch import TrainBatch
 
 logger = logging.getLogger(__name__)
 
-_OFF = (None, "none")
 HF_SUBDIR = os.path.join("actor", "huggingface")
 
 
@@ -107,23 +108,19 @@ class VerlTrainer:
     ) -> None:
         from transformers import AutoTokenizer
 
-        from trinity.plugins import get_component
-
         self.config = config
         algo = config.algorithm
-        self.algorithm_type = get_component("algorithm_type", algo.algorithm_type)
+        # The same components, rules and checks as the native trainer; the loss part travels to
+        # the workers as names (ActorLoss) and is rebuilt there by the same class.
+        self.components = AlgorithmComponents.from_config(algo)
+        self.algorithm_type = self.components.algorithm_type
         if self.algorithm_type.schema == "dpo":
             raise ValueError(
                 f"algorithm {algo.algorithm_type!r} trains DPO pairs, which the veRL trainer does not support "
                 "(its dynamic batching may split a pair); use trainer.trainer_type: native"
             )
-        self.advantage_fn = self._component("advantage_fn", "advantage_fn")
-        self.kl_penalty_fn = self._component("kl_penalty_fn", "kl_fn")
         self.actor_loss = ActorLoss.from_config(config)
-        needs_ref = "ref_logprob" in self.actor_loss.components()["policy_loss_fn"].required_tensors()
-        self.use_ref = self.algorithm_type.use_reference and (
-            needs_ref or algo.kl_loss_fn not in _OFF or self.kl_penalty_fn is not None
-        )
+        self.use_ref = self.components.use_reference
         self.use_critic = bool(self.algorithm_type.use_critic)
 
         node_num, gpu_per_node = cluster_size(config)
@@ -187,14 +184,6 @@ class VerlTrainer:
         workers["actor"].set_loss_fn(self.actor_loss)
         return workers
 
-    def _component(self, key: str, kind: str) -> Any:
-        from trinity.plugins import get_component
-
-        name = getattr(self.config.algorithm, key)
-        if name in _OFF:
-            return None
-        return get_component(kind, name)(**(getattr(self.config.algorithm, f"{key}_args") or {}))
-
     @staticmethod
     def _critic_configs(cfg: Any) -> tuple[Any, Any]:
         """veRL's critic dataclass and the training-worker config built from it (as veRL's trainer)."""
@@ -216,7 +205,7 @@ class VerlTrainer:
 
     # -- one training step ----------------------------------------------------------------------
 
-    def _tensordict(self, batch: dict[str, Any], **meta: Any) -> Any:
+    def _tensordict(self, batch: TrainBatch, **meta: Any) -> Any:
         """veRL's unpadded TensorDict of ``batch`` (already padded to the world size)."""
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import left_right_2_no_padding
@@ -225,7 +214,7 @@ class VerlTrainer:
         tu.assign_non_tensor(td, **meta)
         return td
 
-    def _infer(self, batch: dict[str, Any], n: int, call: Any, key: str, **meta: Any) -> torch.Tensor:
+    def _infer(self, batch: TrainBatch, n: int, call: Any, key: str, **meta: Any) -> torch.Tensor:
         """Run a forward-only worker call; returns ``key`` as ``(n, T)`` float tensor."""
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
@@ -236,7 +225,6 @@ class VerlTrainer:
 
     def train_step(self, experiences: list[Experience]) -> dict[str, float]:
         """Train on one batch of experiences; returns metrics with Trinity-RFT names."""
-        from trinity.trainer.compose import shape_rewards_and_advantages
         from trinity.trainer.metrics import step_summary
 
         start = time.perf_counter()
@@ -255,22 +243,14 @@ class VerlTrainer:
             tick = time.perf_counter()
             batch["values"] = self._infer(padded, n, self.workers["critic"].infer_batch, "values")
             timing["timing/values"] = time.perf_counter() - tick
-        if self.config.trainer.use_rollout_logprobs:
-            if not batch["has_rollout_logprobs"]:
-                raise ValueError(
-                    "trainer.use_rollout_logprobs is set but some experiences carry no log-probs; "
-                    "have the explorer return them, or unset the key"
-                )
-            batch["old_logprob"] = batch["rollout_logprobs"]
-        else:
+        comps = self.components
+        if not (self.config.trainer.use_rollout_logprobs and comps.rollout_old_logprob(batch)):
             tick = time.perf_counter()
             batch["old_logprob"] = self._infer(padded, n, actor.compute_log_prob, "log_probs", **no_entropy)
             timing["timing/old_log_prob"] = time.perf_counter() - tick
 
         tick = time.perf_counter()
-        batch, shaping_metrics = shape_rewards_and_advantages(
-            batch, self.kl_penalty_fn, self.advantage_fn, self.algorithm_type.use_advantage
-        )
+        batch, shaping_metrics = comps.shape_rewards_and_advantages(batch)
         metrics.update(shaping_metrics)
         timing["timing/adv"] = time.perf_counter() - tick
 
@@ -290,9 +270,7 @@ class VerlTrainer:
             timing["timing/update_critic"] = time.perf_counter() - tick
         if self.global_step >= self.config.trainer.critic_warmup:
             tick = time.perf_counter()
-            td = self._tensordict(
-                padded, compute_loss=True, calculate_entropy=self.actor_loss.needs_entropy(), **update
-            )
+            td = self._tensordict(padded, compute_loss=True, calculate_entropy=comps.needs_entropy, **update)
             metrics.update(_metrics(actor.update_actor(td), "actor"))
             timing["timing/update_actor"] = time.perf_counter() - tick
         self.global_step += 1

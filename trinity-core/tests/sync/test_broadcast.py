@@ -1,4 +1,5 @@
-"""``sync_method: nccl``: the weight-sync group and its broadcast, for real, over gloo on CPU.
+"""``sync_method: nccl``: the weight-sync group and its broadcast, for real, over gloo on CPU
+(:mod:`trinity.sync.group`, :mod:`trinity.sync.broadcast`).
 
 The group, handshake, broadcast order and loading are the same code for NCCL; only the backend
 object differs (NCCL needs one GPU per rank: see the CUDA-only test at the end). Ranks run as
@@ -21,18 +22,22 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from trinity.sync.nccl import (
-    NCCLUnavailableError,
+from trinity.sync.broadcast import (
     TensorMeta,
+    WeightReceiver,
     WeightSender,
-    WeightSyncError,
-    WeightSyncGroup,
-    choose_backend,
     flatten_state_dict,
     metadata_digest,
     parse_metas,
     receive_weights,
     send_weights,
+)
+from trinity.sync.group import (
+    GroupSpec,
+    NCCLUnavailableError,
+    WeightSyncError,
+    WeightSyncGroup,
+    choose_backend,
 )
 
 HOST = "127.0.0.1"
@@ -77,9 +82,8 @@ def _together(*calls):
 
 
 def _join(group: WeightSyncGroup, rank: int, world_size: int, timeout_s: float = 10):
-    return lambda: WeightSyncGroup.join(
-        HOST, group.address[1], rank, world_size, "gloo", timeout_s, host=HOST
-    )
+    spec = GroupSpec(HOST, group.address[1], world_size, "gloo", timeout_s)
+    return lambda: WeightSyncGroup.join(spec, rank, host=HOST)
 
 
 # -- metadata ------------------------------------------------------------------------------------
@@ -136,9 +140,10 @@ def test_backend_env_override(monkeypatch):
 
 RECEIVER = """
 import sys, torch
-from trinity.sync.nccl import WeightSyncGroup, receive_weights
+from trinity.sync.broadcast import receive_weights
+from trinity.sync.group import GroupSpec, WeightSyncGroup
 port, rank, world, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-group = WeightSyncGroup.join("127.0.0.1", port, rank, world, "gloo", 20, host="127.0.0.1")
+group = WeightSyncGroup.join(GroupSpec("127.0.0.1", port, world, "gloo", 20), rank, host="127.0.0.1")
 results = {}
 for _ in range(2):
     # The metadata comes from the parent through stdin (one line of Python literals per sync).
@@ -222,7 +227,7 @@ def test_trainer_that_never_opens_its_store_times_out_clearly():
         port = s.getsockname()[1]
     start = time.monotonic()
     with pytest.raises(WeightSyncError, match=r"could not reach the trainer's store .* within 2 s"):
-        WeightSyncGroup.join(HOST, port, 1, 2, "gloo", 2, host=HOST)
+        WeightSyncGroup.join(GroupSpec(HOST, port, 2, "gloo", 2), 1, host=HOST)
     assert time.monotonic() - start < 10
 
 
@@ -316,6 +321,34 @@ def test_a_closed_group_says_so_and_a_new_one_can_follow():
     again.close()
 
 
+def test_group_spec_wire_form_and_a_receiver_joining_group_after_group():
+    spec = GroupSpec(HOST, 1234, 3, "gloo", 20.0)
+    assert GroupSpec.from_wire(spec.to_wire()) == spec and GroupSpec.from_wire(spec) is spec
+    assert all(isinstance(v, (str, int, float)) for v in spec.to_wire().values())  # msgpack-able
+    with pytest.raises(ValueError, match="backend 'mpi'"):
+        GroupSpec(HOST, 1234, 2, "mpi", 1)
+    receiver = WeightReceiver("the test's receiver")
+    with pytest.raises(WeightSyncError, match="the test's receiver has not joined a weight-sync group"):
+        receiver.receive([], 1, lambda b: None)
+    state = _state_dict()
+
+    def stage(version: int) -> None:
+        sender = WeightSender(2, "gloo", 10)
+        previous = receiver.group
+        _together(sender.connect, lambda: receiver.join(sender.spec.to_wire(), 1))
+        assert previous is None or previous.closed
+        got: dict[str, torch.Tensor] = {}
+        metas = sender.prepare(state, version)
+        _together(sender.send, lambda: receiver.receive(metas, version, got.update))
+        assert set(got) == set(state) and all(_bitwise_equal(got[k], state[k]) for k in state)
+        sender.close()
+
+    stage(1)
+    stage(2)  # one group per stage: joining the next leaves the previous one
+    receiver.close()
+    assert receiver.group is None
+
+
 # -- rollout engines -----------------------------------------------------------------------------
 
 
@@ -340,11 +373,10 @@ def test_transformers_engines_receive_the_broadcast(tiny_models):
     trained = AutoModelForCausalLM.from_pretrained(tiny_models[1]).state_dict()
     assert [e.weight_sync_devices() for e in engines] == [["cpu"], ["cpu"]]
     sender = WeightSender(3, "gloo", 20)
-    host, port = sender.address
     _together(
         sender.connect,
         *(
-            lambda e=e, r=r: e.init_weight_group(host, port, r, 3, "gloo", 20)
+            lambda e=e, r=r: e.init_weight_group(sender.spec, r)
             for r, e in ((1, engines[0]), (2, engines[1]))
         ),
     )
@@ -396,13 +428,12 @@ def test_vllm_worker_extension_receives_in_batches():
     workers = [worker_cls(0), worker_cls(1)]
     assert [w.trinity_weight_sync_device() for w in workers] == ["cpu", "cpu"]
     sender = WeightSender(3, "gloo", 20)
-    host, port = sender.address
     # vLLM's collective_rpc passes arguments through msgpack: plain ints, floats, strings, lists.
     _together(
         sender.connect,
-        *(lambda w=w: w.trinity_init_weight_group(host, port, 1, 3, "gloo", 20.0) for w in workers),
+        *(lambda w=w: w.trinity_init_weight_group(sender.spec.to_wire(), 1) for w in workers),
     )
-    assert [w._trinity_weight_group.rank for w in workers] == [1, 2]
+    assert [w.trinity_weight_receiver.group.rank for w in workers] == [1, 2]
     state = _state_dict()
     metas = sender.prepare(state, 9)
     results = _together(sender.send, *(lambda w=w: w.trinity_receive_weights(metas, 9) for w in workers))
@@ -425,7 +456,7 @@ def test_nccl_backend_on_one_gpu_per_rank():  # pragma: no cover - CPU machines 
 
     def receiver():
         torch.cuda.set_device(1)
-        group = WeightSyncGroup.join(HOST, master.address[1], 1, 2, "nccl", 60, host=HOST)
+        group = WeightSyncGroup.join(GroupSpec(HOST, master.address[1], 2, "nccl", 60), 1, host=HOST)
         got = {}
         receive_weights(group, metas, 1, got.update)
         return group, got

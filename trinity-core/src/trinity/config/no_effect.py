@@ -1,0 +1,267 @@
+"""Config keys that are accepted but have no effect in this version, and the warning about them.
+
+A Trinity-RFT YAML loads here unchanged, so some keys are accepted that nothing in this version
+acts on. Every such key is on :data:`NO_EFFECT`, the one explicit list, with a one-line reason;
+:func:`warn_no_effect` (called by ``load_config``) logs one warning line per such key the user
+actually set (``model_fields_set``) to a value that would behave differently from this version
+(by default: any value other than the key's default), once per process per key.
+
+Patterns are dotted key paths. ``[*]`` stands for any list index or mapping key
+(``explorer.auxiliary_models[*].tool_call_parser``), a leading ``**.`` for any path
+(``**.format.image_key``); stage overrides (``stages[0].explorer.over_rollout``) match the
+pattern without the ``stages[*].`` prefix. A pattern naming a section covers every key in it.
+
+Implementing a key means taking its entry off this list (and its "has no effect" from the
+field's description); ``tests/config/test_no_effect.py`` fails for any config field that is
+neither read by the runtime nor listed here, so a new key cannot silently do nothing either.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from trinity.config.models import Config
+
+logger = logging.getLogger("trinity.config")
+
+
+def _differs(value: Any, default: Any, root: Any) -> bool:
+    dump = lambda v: v.model_dump() if isinstance(v, BaseModel) else v  # noqa: E731
+    return dump(value) != dump(default)
+
+
+def _enabled(value: Any, default: Any, root: Any) -> bool:
+    return bool(getattr(value, "enable", False))
+
+
+def _false(value: Any, default: Any, root: Any) -> bool:
+    return value is False
+
+
+@dataclass(frozen=True)
+class NoEffect:
+    """One key (or section) accepted for compatibility that this version does not act on.
+
+    ``active(value, default, root)`` tells whether the value set would make a difference
+    upstream (default: it differs from the key's default), so only those are warned about.
+    """
+
+    key: str
+    reason: str
+    active: Callable[[Any, Any, Any], bool] = _differs
+
+
+def _inference(field: str, reason: str, active: Callable[[Any, Any, Any], bool] = _differs) -> list[NoEffect]:
+    """The same key of the rollout model and of every auxiliary model."""
+    return [
+        NoEffect(f"explorer.rollout_model.{field}", reason, active),
+        NoEffect(f"explorer.auxiliary_models[*].{field}", reason, active),
+    ]
+
+
+def _tasksets(field: str, reason: str) -> list[NoEffect]:
+    """The same key of every taskset (training, eval, and the single-taskset alias)."""
+    return [
+        NoEffect(f"buffer.explorer_input.{group}.{field}", reason)
+        for group in ("tasksets[*]", "eval_tasksets[*]", "taskset")
+    ]
+
+
+_NO_LORA_SERVING = "the rollout engines serve no LoRA adapters"
+_NO_SERVE = "serve mode is not implemented"
+_SELECTORS = "the built-in selectors (sequential, shuffle, random) take no feature keys or arguments"
+_TASKSET_SQL = "tasksets are read from files; SQL retries apply to `sql` experience buffers"
+
+NO_EFFECT: tuple[NoEffect, ...] = (
+    NoEffect("ignore_validator_suggestions", "this version makes no validator suggestions"),
+    # algorithm
+    NoEffect("algorithm.enable_router_replay", "MoE router replay is not implemented"),
+    NoEffect(
+        "algorithm.bypass_old_logprobs",
+        "old logprobs follow `trainer.use_rollout_logprobs`; set that instead",
+        lambda value, default, root: value != root.trainer.use_rollout_logprobs,
+    ),
+    NoEffect("algorithm.rollout_correction", "off-policy rollout correction is not implemented"),
+    # model
+    NoEffect("model.chat_template_path", "not read; put the template in `model.custom_chat_template`"),
+    NoEffect(
+        "model.enable_prompt_truncation",
+        "prompts longer than max_prompt_tokens are always truncated",
+        _false,
+    ),
+    NoEffect("model.repetition_penalty", "the rollout engines apply no repetition penalty"),
+    NoEffect("model.rope_scaling", "not passed to the model config"),
+    NoEffect("model.rope_theta", "not passed to the model config"),
+    NoEffect("model.fully_sharded_loras", _NO_LORA_SERVING),
+    NoEffect("model.max_cpu_loras", _NO_LORA_SERVING),
+    NoEffect("model.lora_configs[*].base_model_name", _NO_LORA_SERVING),
+    NoEffect("model.lora_configs[*].lora_dtype", "adapters take the model's dtype"),
+    NoEffect("model.lora_configs[*].exclude_modules", "only `target_modules` selects modules"),
+    NoEffect("model.lora_configs[*].is_dummy", "set automatically upstream; not read"),
+    NoEffect("model.tinker", "training through Tinker is not implemented", _enabled),
+    NoEffect("model.external_model", "an external API as rollout model is not implemented", _enabled),
+    # buffer
+    NoEffect("**.format.image_key", "multi-modal data is not read"),
+    NoEffect("**.format.video_key", "multi-modal data is not read"),
+    NoEffect("**.data_selector.feature_keys", _SELECTORS),
+    NoEffect("**.data_selector.kwargs", _SELECTORS),
+    NoEffect("**.task_selector.feature_keys", _SELECTORS),
+    NoEffect("**.task_selector.kwargs", _SELECTORS),
+    *_tasksets("max_retry_times", _TASKSET_SQL),
+    *_tasksets("max_retry_interval", _TASKSET_SQL),
+    NoEffect(
+        "buffer.explorer_input.eval_tasksets[*].enable_progress_bar",
+        "only the training tasksets' and the experience buffer's flags choose the console progress bar",
+    ),
+    NoEffect(
+        "buffer.trainer_input.auxiliary_buffers[*].enable_progress_bar",
+        "only the training tasksets' and the experience buffer's flags choose the console progress bar",
+    ),
+    # explorer
+    NoEffect("explorer.runner_prepare_concurrency", "runner preparation is not throttled"),
+    NoEffect("explorer.runner_prepare_max_retries", "runner preparation is not retried"),
+    NoEffect("explorer.concurrent_mode", "how a runner runs a task's repeats is not configurable"),
+    NoEffect("explorer.max_repeat_times_per_runner", "a task's repeats are not split over runners"),
+    NoEffect("explorer.runner_num", "deprecated upstream and not read here; use `explorer.runner_per_model`"),
+    *_inference("enable_expert_parallel", "expert parallelism is not passed to vLLM"),
+    *_inference("use_v1", "the engine version is vLLM's own choice", _false),
+    *_inference("enable_chunked_prefill", "chunked prefill is vLLM's own choice", _false),
+    *_inference(
+        "enable_prompt_truncation", "prompts longer than max_prompt_tokens are always truncated", _false
+    ),
+    *_inference("repetition_penalty", "the rollout engines apply no repetition penalty"),
+    *_inference("ignore_eos", "generation always stops at EOS"),
+    *_inference("enable_multimodal", "multi-modal prompts are not supported"),
+    *_inference("enable_log_requests", "the built-in OpenAI API server does not log requests"),
+    *_inference("enable_auto_tool_choice", "the built-in OpenAI API server has no tool parsing"),
+    *_inference("tool_call_parser", "the built-in OpenAI API server has no tool parsing"),
+    *_inference("reasoning_parser", "the built-in OpenAI API server has no reasoning parsing"),
+    *_inference("external_model_config", "an external API as rollout model is not implemented", _enabled),
+    *_inference("weight_sync_buffer_size", "NCCL weight sync sends one tensor at a time"),
+    *_inference("enable_return_routed_experts", "MoE routing is not returned with rollouts"),
+    *_inference("enable_lora", _NO_LORA_SERVING),
+    *_inference("rope_scaling", "not passed to the engines"),
+    *_inference("rope_theta", "not passed to the engines"),
+    NoEffect("explorer.proxy_port", _NO_SERVE),
+    NoEffect("explorer.listen_address", _NO_SERVE),
+    NoEffect("explorer.service_status_check_interval", _NO_SERVE),
+    NoEffect("explorer.min_running_model_num", _NO_SERVE),
+    NoEffect("explorer.db_url", _NO_SERVE),
+    NoEffect(
+        "explorer.over_rollout",
+        "every explore step waits for all its tasks",
+        lambda value, default, root: value.ratio > 0,
+    ),
+    NoEffect("explorer.dynamic_timeout", "task timeouts are fixed (`explorer.max_timeout`)", _enabled),
+    NoEffect("explorer.runner_state_report_interval", "runner state reports are not implemented"),
+    NoEffect("explorer.max_inflight_batches", "the explorer runs one explore step at a time"),
+    # trainer
+    NoEffect("trainer.enable_preview", "rollout previews are not logged"),
+    NoEffect("trainer.fix_actor_microbatch_loss_scale", "not implemented"),
+    NoEffect("trainer.grad_offload", "gradient offload is not passed to veRL"),
+    NoEffect("trainer.save_strategy", "checkpoint saving is not coordinated across processes"),
+    NoEffect("trainer.megatron", "the Megatron strategy is not wired to veRL"),
+    # monitor, synchronizer, service, data_processor
+    NoEffect("monitor.detailed_stats", "std/max/min of evaluation metrics are not logged"),
+    NoEffect(
+        "synchronizer.trainer_sync_interval",
+        "the trainer follows `synchronizer.sync_interval`",
+        lambda value, default, root: bool(value) and value != root.synchronizer.sync_interval,
+    ),
+    NoEffect("synchronizer.wait_for_checkpoint", "not implemented"),
+    NoEffect("synchronizer.explorer_world_size", "derived for Trinity-RFT compatibility; not read"),
+    NoEffect("log.save_dir", "derived: actor logs always go to `<job_dir>/log`"),
+    NoEffect("service.data_juicer", "Data-Juicer is not run by this version"),
+    NoEffect("data_processor.task_pipeline", "data pipelines are not run by this version"),
+    NoEffect("data_processor.experience_pipeline", "data pipelines are not run by this version"),
+)
+
+_INDEX = re.compile(r"\[[^\]]*\]")
+_STAGE = re.compile(r"^stages\[[^\]]*\]\.")
+
+
+def normalise(path: str) -> str:
+    """``path`` with indices and mapping keys as ``[*]`` and any stage prefix dropped."""
+    return _INDEX.sub("[*]", _STAGE.sub("", path))
+
+
+def entry_for(path: str) -> NoEffect | None:
+    """The entry covering ``path`` itself (not an ancestor), or ``None``."""
+    norm = normalise(path)
+    for entry in NO_EFFECT:
+        if entry.key.startswith("**."):
+            tail = entry.key[3:]
+            if norm == tail or norm.endswith("." + tail):
+                return entry
+        elif norm == entry.key:
+            return entry
+    return None
+
+
+def covered(path: str) -> NoEffect | None:
+    """The entry covering ``path`` or one of the sections above it, or ``None``."""
+    parts = normalise(path).split(".")
+    for end in range(len(parts), 0, -1):
+        entry = entry_for(".".join(parts[:end]))
+        if entry is not None:
+            return entry
+    return None
+
+
+def _children(value: Any, path: str) -> Iterator[tuple[Any, str]]:
+    if isinstance(value, BaseModel):
+        yield value, path
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _children(item, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _children(item, f"{path}[{key}]")
+
+
+def _walk(model: BaseModel, path: str, root: Any) -> Iterator[tuple[str, str]]:
+    fields = type(model).model_fields
+    for name in [n for n in fields if n in model.model_fields_set]:
+        value = getattr(model, name)
+        key = f"{path}.{name}" if path else name
+        entry = entry_for(key)
+        if entry is not None:
+            default = fields[name].get_default(call_default_factory=True)
+            if value is not None and entry.active(value, default, root):
+                yield key, entry.reason
+            continue
+        for child, child_path in _children(value, key):
+            yield from _walk(child, child_path, root)
+
+
+def find_no_effect(config: Config) -> list[tuple[str, str]]:
+    """``(key, reason)`` of every no-effect key set in ``config`` by the user (in file order
+    of the models' fields), where the value set would make a difference upstream."""
+    return list(_walk(config, "", config))
+
+
+_warned: set[str] = set()
+
+
+def warn_no_effect(config: Config) -> list[str]:
+    """Log one warning (logger ``trinity.config``) per no-effect key set in ``config``,
+    once per process per key; returns the lines logged now."""
+    lines = []
+    for key, reason in find_no_effect(config):
+        if key in _warned:
+            continue
+        _warned.add(key)
+        line = f"config key {key} has no effect in this version: {reason}"
+        logger.warning(line)
+        lines.append(line)
+    return lines
+
+
+__all__ = ["NO_EFFECT", "NoEffect", "covered", "entry_for", "find_no_effect", "normalise", "warn_no_effect"]
