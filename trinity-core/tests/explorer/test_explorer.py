@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trinity import hookimpl
+from trinity.buffer.base import WriterBase
 from trinity.config import Config
 from trinity.experience import Experience
 from trinity.explorer.explorer import Explorer, accuracy_metrics
@@ -44,7 +45,7 @@ class _Plugin:
         register("broken", Broken)
 
 
-class ListWriter:
+class ListWriter(WriterBase):
     def __init__(self):
         self.batches: list[list[Experience]] = []
         self.ended_steps: list[int] = []

@@ -40,13 +40,20 @@ class BufferWriter(Protocol):
     def finish(self) -> None:
         """Tell readers that this writer will write no more."""
 
+    def metrics(self) -> dict[str, float]:
+        """What this writer counted so far (``buffer/written``, ``buffer/duplicates_skipped``)."""
+
 
 class WriterBase:
     """Defaults for :class:`BufferWriter` implementations: ``end_step`` does nothing (for
-    storages whose readers never wait, such as files)."""
+    storages whose readers never wait, such as files) and there are no metrics."""
 
     def end_step(self, step: int) -> None:
         """Nothing to tell: this storage's readers do not wait for writers."""
+
+    def metrics(self) -> dict[str, float]:
+        """What this writer counted (``buffer/...``); none by default."""
+        return {}
 
 
 class ReaderBase:

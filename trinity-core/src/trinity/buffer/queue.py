@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trinity.buffer.base import STEP_ENDED, TIMED_OUT, BufferExhausted, ReaderBase
+from trinity.buffer.base import STEP_ENDED, TIMED_OUT, BufferExhausted, ReaderBase, WriterBase
 
 if TYPE_CHECKING:
     from trinity.experience import Experience
@@ -321,7 +321,7 @@ def kill_queue_actor(name: str, namespace: str | None = None) -> bool:
     return True
 
 
-class QueueWriter:
+class QueueWriter(WriterBase):
     """:class:`~trinity.buffer.base.BufferWriter` for ``storage_type: queue``; ``run``
     prefixes the experience ids as in :class:`~trinity.buffer.sql_io.SQLWriter`."""
 

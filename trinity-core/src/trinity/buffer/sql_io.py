@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trinity.buffer.base import STEP_ENDED, TIMED_OUT, BufferExhausted, ReaderBase
+from trinity.buffer.base import STEP_ENDED, TIMED_OUT, BufferExhausted, ReaderBase, WriterBase
 
 if TYPE_CHECKING:
     from trinity.buffer.sql import SQLStorage
@@ -28,7 +28,7 @@ def run_uids(run: str | None, experiences: Sequence[Experience]) -> list[str] | 
     return [f"{run}:{uid}" for uid in _unique_uids(experiences)]
 
 
-class SQLWriter:
+class SQLWriter(WriterBase):
     """:class:`~trinity.buffer.base.BufferWriter` for ``storage_type: sql``.
 
     Experiences whose id is stored already (an explorer step redone after a crash, before

@@ -130,7 +130,8 @@ class Explorer:
         auxiliary_engines: likewise for ``explorer.auxiliary_models`` (``engine_num`` engines
             per configured model, in config order).
         writer: experience writer instead of the one from ``buffer.trainer_input``.
-        taskset_reader: training task source (``read_batch()``) instead of the configured one.
+        taskset_reader: training task source (``read_batch()``, ``metrics()``, ``state_dict()``)
+            instead of the configured one.
     """
 
     def __init__(
@@ -249,10 +250,8 @@ class Explorer:
             "timing/write_experiences": end - run_done,
             "timing/explore_step": end - start,
         }
-        if hasattr(self.taskset_reader, "metrics"):
-            metrics.update(self.taskset_reader.metrics())
-        if hasattr(self.writer, "metrics"):  # written / duplicates skipped (redone steps)
-            metrics.update(self.writer.metrics())
+        metrics.update(self.taskset_reader.metrics())
+        metrics.update(self.writer.metrics())  # written / duplicates skipped (redone steps)
         if report:
             metrics[FAILURES_KEY] = report  # a string: printed by the launcher, not plotted
         return metrics
