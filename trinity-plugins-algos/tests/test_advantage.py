@@ -366,3 +366,20 @@ def test_float32_inputs_give_float32_outputs():
     }
     out, _ = GRPOAdvantageFn()(batch)
     assert out["advantages"].dtype == torch.float32
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU: advantages on the batch's device"
+)
+@pytest.mark.parametrize("cls,args,ref", OUTCOME, ids=lambda x: getattr(x, "__name__", None))
+def test_outcome_advantages_run_on_the_device_of_the_batch(cls, args, ref):
+    # The trainer computes advantages where its batch lives; group statistics once built their
+    # accumulators on the CPU and failed on a GPU batch.
+    g = torch.Generator().manual_seed(0)
+    mask, ids = random_mask(8, 5, g), random_groups(8, g)
+    rewards = torch.randn(8, generator=g, dtype=torch.float64)
+    cpu, _ = cls(**args)({"rewards": rewards, "group_ids": ids, "action_mask": mask})
+    batch = {"rewards": rewards.cuda(), "group_ids": ids.cuda(), "action_mask": mask.cuda()}
+    gpu, _ = cls(**args)(batch)
+    assert gpu["advantages"].device.type == "cuda"
+    torch.testing.assert_close(gpu["advantages"].cpu(), cpu["advantages"])

@@ -55,10 +55,10 @@ def test_save_then_resume_is_exact(config_factory, tiny_model_path):
     assert resumed.load_checkpoint() == {"reader": {"pos": 12}}
     assert resumed.global_step == 3
     for name, tensor in hf.state_dict().items():
-        torch.testing.assert_close(resumed.model.state_dict()[name], tensor, rtol=0, atol=0)
+        torch.testing.assert_close(resumed.model.state_dict()[name].cpu(), tensor, rtol=0, atol=0)
     original_state = ckpt.load_trainer_state(path)["optimizer"]["state"]
     for key, slot in resumed.optimizer.state_dict()["state"].items():
-        torch.testing.assert_close(slot["exp_avg"], original_state[key]["exp_avg"], rtol=0, atol=0)
+        torch.testing.assert_close(slot["exp_avg"].cpu(), original_state[key]["exp_avg"], rtol=0, atol=0)
     assert resumed.scheduler.last_epoch == 3
     again = resumed.train_step(exps)
     # Same weights, optimizer moments, LR position and RNG: step 4 repeats exactly.

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from trinity import hookimpl, plugins
 from trinity.algorithm import NoEntropyLossFn, NoKLFn, PolicyLossFn
 from trinity.experience import EID, Experience
-from trinity.trainer.batch import build_batch
+from trinity.trainer.batch import build_batch, to_device
 from trinity.trainer.components import AlgorithmComponents, MissingInputError
 from trinity.trainer.forward import forward_logprobs
 from trinity.trainer.native import NativeTrainer
@@ -62,6 +62,7 @@ def _step_inputs(trainer: NativeTrainer, exps: list[Experience]):
     batch["ref_logprob"] = -torch.rand(shape, generator=gen)
     batch["advantages"] = torch.randn(shape, generator=gen)
     batch["returns"] = torch.randn(shape, generator=gen)
+    batch = to_device(batch, trainer.device)  # where the trainer runs (a GPU when there is one)
     logprob, entropy = forward_logprobs(trainer.model, batch, entropy="grad")
     return batch, logprob, entropy
 

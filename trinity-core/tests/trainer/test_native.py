@@ -7,7 +7,7 @@ import torch
 from transformers import AutoTokenizer
 
 from trinity.experience import EID, Experience
-from trinity.trainer.batch import build_batch
+from trinity.trainer.batch import build_batch, to_device
 from trinity.trainer.forward import forward_logprobs
 from trinity.trainer.native import NativeTrainer
 
@@ -37,7 +37,7 @@ def _rollouts(tok, groups=2):
 
 
 def _mean_logprob(trainer, exps):
-    batch = build_batch(exps, trainer.pad_token_id)
+    batch = to_device(build_batch(exps, trainer.pad_token_id), trainer.device)
     with torch.no_grad():
         logprob, _ = forward_logprobs(trainer.model, batch)
     mask = batch["action_mask"]
@@ -101,12 +101,12 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(config_factory, tin
         "optimizer": {"lr": 0.0},
         "entropy_loss_fn_args": {"entropy_coef": 0.01},
     }
-    full = _grads(NativeTrainer(config_factory(algo)), exps)
-    split = _grads(NativeTrainer(config_factory(algo, trainer={"ppo_micro_batch_size_per_gpu": 4})), exps)
-    dynamic = _grads(
-        NativeTrainer(config_factory(algo, trainer={"use_dynamic_bsz": True, "max_token_len_per_gpu": 12})),
-        exps,
-    )
+    # float32 on every device: on a GPU the default (bf16 autocast) rounds differently per split.
+    full = _grads(NativeTrainer(config_factory(algo, trainer={"dtype": "float32"})), exps)
+    split_trainer = {"ppo_micro_batch_size_per_gpu": 4, "dtype": "float32"}
+    split = _grads(NativeTrainer(config_factory(algo, trainer=split_trainer)), exps)
+    dynamic_trainer = {"use_dynamic_bsz": True, "max_token_len_per_gpu": 12, "dtype": "float32"}
+    dynamic = _grads(NativeTrainer(config_factory(algo, trainer=dynamic_trainer)), exps)
     assert full.abs().max() > 0
     torch.testing.assert_close(split, full, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(dynamic, full, atol=1e-5, rtol=1e-4)

@@ -79,10 +79,12 @@ def group_stats(scores: torch.Tensor, group_ids: torch.Tensor) -> GroupStats:
     _, inverse = torch.unique(group_ids.reshape(-1), return_inverse=True)
     n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
     count = torch.bincount(inverse, minlength=n_groups).to(torch.float64)
-    total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, scores)
+    # On the scores' device: the trainer computes advantages where its batch lives (CUDA too).
+    zeros = torch.zeros(n_groups, dtype=torch.float64, device=scores.device)
+    total = zeros.index_add(0, inverse, scores)
     mean = total / count
     # Two-pass variance: exact zero for equal scores, unlike E[x^2] - E[x]^2.
-    sq_dev = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inverse, (scores - mean[inverse]) ** 2)
+    sq_dev = zeros.index_add(0, inverse, (scores - mean[inverse]) ** 2)
     std = torch.sqrt(sq_dev / (count - 1).clamp(min=1))
     return GroupStats(inverse=inverse, count=count, mean=mean, std=std)
 
@@ -91,9 +93,9 @@ def group_logavgexp(scores: torch.Tensor, stats: GroupStats, tau: float) -> torc
     """Per group ``tau * (logsumexp(scores / tau) - log n)`` (float64), computed stably."""
     x = scores / tau
     n_groups = stats.count.shape[0]
-    peak = torch.full((n_groups,), float("-inf"), dtype=torch.float64)
+    peak = torch.full((n_groups,), float("-inf"), dtype=torch.float64, device=scores.device)
     peak = peak.scatter_reduce(0, stats.inverse, x, reduce="amax", include_self=True)
-    sum_exp = torch.zeros(n_groups, dtype=torch.float64).index_add_(
+    sum_exp = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(
         0, stats.inverse, torch.exp(x - peak[stats.inverse])
     )
     return tau * (peak + torch.log(sum_exp) - torch.log(stats.count))

@@ -65,7 +65,11 @@ class GRPOAdvantageFn(AdvantageFn):
         mean = torch.where(single, torch.zeros_like(stats.mean), stats.mean)
         std = torch.where(single, torch.ones_like(stats.std), stats.std)
         if self.std_cal_level == "batch":
-            batch_std = scores.std() if scores.numel() > 1 else torch.tensor(1.0, dtype=torch.float64)
+            batch_std = (
+                scores.std()
+                if scores.numel() > 1
+                else torch.tensor(1.0, dtype=torch.float64, device=scores.device)
+            )
             denom = batch_std.expand(std.shape)
         else:
             denom = std

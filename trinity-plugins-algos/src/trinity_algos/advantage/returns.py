@@ -118,7 +118,9 @@ class REMAXAdvantageFn(AdvantageFn):
         mask = mask_in.to(dtype)
         baselines = batch.get("reward_baselines")
         if baselines is None:
-            baselines = torch.tensor(self._baselines_from_info(batch, mask.shape[0]), dtype=dtype)
+            baselines = torch.tensor(
+                self._baselines_from_info(batch, mask.shape[0]), dtype=dtype, device=mask.device
+            )
         with torch.no_grad():
             returns = discounted_returns(rewards.to(dtype) * mask, 1.0) * mask
             advantages = returns - baselines.to(dtype).unsqueeze(-1) * mask
