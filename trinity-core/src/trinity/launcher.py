@@ -232,20 +232,18 @@ def _check_interrupted() -> None:
 
 
 def _get(ray: Any, refs: Any, doing: str) -> Any:
-    from ray.exceptions import RayActorError, RayTaskError
+    from trinity.sync.transport import get_result
 
-    try:
-        return ray.get(refs)
-    except RayTaskError as exc:
-        raise JobFailed(f"{doing}: {exc.cause!r}" if exc.cause else f"{doing}: {exc}") from exc
-    except RayActorError as exc:
-        raise JobFailed(f"{doing}: an actor died ({exc})") from exc
+    return get_result(ray, refs, doing, JobFailed)
+
+
+def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numeric metrics (a step's result may also carry a failure line or a reader state)."""
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _log(monitor: Any, metrics: dict[str, Any], step: int) -> None:
-    monitor.log(
-        {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}, step
-    )
+    monitor.log(_numbers(metrics), step)
 
 
 def total_steps(config: Config) -> int | None:
@@ -393,7 +391,7 @@ class _StepLoop:
         self.explorer_step += 1
         step = self.explorer_step
         _log(self.monitors["explorer"], metrics, step)
-        self.last_metrics.update({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+        self.last_metrics.update(_numbers(metrics))
         report = metrics.get(FAILURES_KEY)
         if report:
             log_file = Path(self.config.checkpoint_job_dir) / "log" / f"{self.config.explorer.name}.log"
@@ -420,7 +418,7 @@ class _StepLoop:
         if metrics.get("trainer/empty_step"):
             self.empty_train_steps += 1
         _log(self.monitors["trainer"], metrics, self.trainer_step)
-        self.last_metrics.update({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+        self.last_metrics.update(_numbers(metrics))
 
     def run_due_evals(self) -> None:
         """Run the evals owed at steps whose weights the explorer now holds."""

@@ -34,8 +34,9 @@ class WeightSyncFailed(RuntimeError):
     """A weight-sync call of the launcher failed; the message says which and why (every side)."""
 
 
-def _get(ray: Any, refs: Any, doing: str) -> Any:
-    """``ray.get`` whose failures are a :class:`WeightSyncFailed` saying what was being done."""
+def get_result(ray: Any, refs: Any, doing: str, error: type[Exception] = WeightSyncFailed) -> Any:
+    """``ray.get`` whose failures (a call that raised, an actor that died) are one ``error``
+    saying what was being done and why; the launcher uses it with its own ``JobFailed``."""
     from ray.exceptions import RayActorError, RayTaskError
 
     try:
@@ -45,7 +46,7 @@ def _get(ray: Any, refs: Any, doing: str) -> Any:
             reason = repr(exc.cause) if exc.cause else str(exc)
         else:
             reason = f"an actor died ({exc})"
-        raise WeightSyncFailed(f"{doing}: {reason}") from exc
+        raise error(f"{doing}: {reason}") from exc
 
 
 def get_together(
@@ -70,13 +71,13 @@ def get_together(
                 "a rank of the weight-sync group hangs"
             )
         try:
-            _get(ray, ready[0], doing)
+            get_result(ray, ready[0], doing)
         except WeightSyncFailed as first:
             messages = [str(first)]
             late = ray.wait(pending, num_returns=len(pending), timeout=COLLECT_ERRORS_S)[0] if pending else []
             for ref in late:
                 try:
-                    _get(ray, ref, doing)
+                    get_result(ray, ref, doing)
                 except WeightSyncFailed as other:
                     messages.append(str(other).removeprefix(f"{doing}: "))
             raise WeightSyncFailed("; ".join(messages)) from first
@@ -115,7 +116,7 @@ class MemoryTransport(WeightTransport):
     def sync(self) -> int:
         weights_and_version = self.trainer.get_weights.remote()
         # Passing the ref inside a list keeps Ray from materialising it in the driver.
-        return _get(
+        return get_result(
             self.ray, self.explorer.update_weights.remote([weights_and_version]), "explorer weight sync"
         )
 
@@ -127,7 +128,7 @@ class CheckpointTransport(WeightTransport):
 
     def sync(self) -> int:
         path_and_version = self.trainer.save_weights.remote()
-        return _get(
+        return get_result(
             self.ray, self.explorer.load_checkpoint.remote(path_and_version), "explorer checkpoint sync"
         )
 
@@ -144,7 +145,7 @@ class BroadcastTransport(WeightTransport):
         from trinity.sync.group import NCCLUnavailableError, choose_backend
 
         ray, explorer, trainer = self.ray, self.explorer, self.trainer
-        trainer_device, engine_devices = _get(
+        trainer_device, engine_devices = get_result(
             ray,
             [trainer.weight_sync_device.remote(), explorer.weight_sync_devices.remote()],
             "weight sync set-up",
@@ -154,7 +155,7 @@ class BroadcastTransport(WeightTransport):
             backend, why = choose_backend(devices)
         except NCCLUnavailableError as exc:
             raise WeightSyncFailed(f"weight sync set-up: {exc}") from exc
-        spec = _get(
+        spec = get_result(
             ray, trainer.open_weight_group.remote(len(devices), backend, self.timeout_s), "weight sync set-up"
         )
         get_together(
@@ -169,7 +170,7 @@ class BroadcastTransport(WeightTransport):
         """The metadata through Ray, then the trainer's broadcast and the explorer's receive
         issued together (one waits for the other inside the collective)."""
         # Waits for a train step still running: the snapshot is taken after it.
-        metas, version = _get(
+        metas, version = get_result(
             self.ray, self.trainer.prepare_weights.remote(), "trainer weights for the broadcast"
         )
         get_together(
@@ -181,7 +182,7 @@ class BroadcastTransport(WeightTransport):
         return version
 
     def close(self) -> None:
-        _get(
+        get_result(
             self.ray,
             [self.explorer.close_weight_group.remote(), self.trainer.close_weight_group.remote()],
             "weight sync",
