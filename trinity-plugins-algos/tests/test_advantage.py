@@ -179,12 +179,21 @@ def test_grpo_batch_level_std():
     torch.testing.assert_close(out["advantages"][:, 0], expected)
 
 
-def test_grpo_prefers_token_level_rewards():
-    batch = outcome_batch([0.0, 0.0], [0, 0], t=2)
-    batch["token_level_rewards"] = torch.tensor([[0.0, 1.0], [0.0, 3.0]], dtype=torch.float64)
-    out, _ = GRPOAdvantageFn()(batch)
+def test_grouped_forms_read_scalar_rewards_not_token_level_rewards():
+    # Upstream's grouped grpo/opmd/asymre/reinforce score Experience.reward (computed in the
+    # explorer, before any KL penalty); token_level_rewards are for the *_verl forms.
+    batch = outcome_batch([1.0, 3.0], [0, 0], t=2)
+    batch["token_level_rewards"] = torch.tensor([[0.0, 7.0], [0.0, -5.0]], dtype=torch.float64)
     a = 1 / (math.sqrt(2) + EPS)
+    out, _ = GRPOAdvantageFn()(dict(batch))
     torch.testing.assert_close(out["advantages"][:, 1], torch.tensor([-a, a], dtype=torch.float64))
+    for cls, expected in [
+        (OPMDAdvantageFn, [-1.0, 1.0]),
+        (AsymREAdvantageFn, [-0.9, 1.1]),
+        (REINFORCEAdvantageFn, [1.0, 3.0]),
+    ]:
+        out, _ = cls()(dict(batch))
+        torch.testing.assert_close(out["advantages"][:, 1], torch.tensor(expected, dtype=torch.float64))
 
 
 def test_opmd_hand_values():

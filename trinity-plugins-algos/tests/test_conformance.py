@@ -14,6 +14,7 @@ COMPONENTS = [
     *[("entropy_loss_fn", n, c) for n, c in hooks.ENTROPY_LOSS_FNS.items()],
     *[("sample_strategy", n, c) for n, c in hooks.SAMPLE_STRATEGIES.items()],
     *[("algorithm_type", n, c) for n, c in hooks.ALGORITHM_TYPES.items()],
+    *[("selector", n, c) for n, c in hooks.SELECTORS.items()],
 ]
 
 

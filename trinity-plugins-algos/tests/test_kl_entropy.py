@@ -8,8 +8,11 @@ import pytest
 import torch
 from algos_testutil import SHAPES, random_mask
 
-from trinity_algos.entropy import DefaultEntropyLossFn, NoEntropyLossFn
-from trinity_algos.kl import AbsKLFn, K1KLFn, K2KLFn, K3KLFn, LowVarKLFn, NoKLFn
+from trinity.testing import check_component
+from trinity_algos.entropy import DefaultEntropyLossFn, MixEntropyLossFn, NoEntropyLossFn
+from trinity_algos.kl import AbsKLFn, CorrectedK3KLFn, K1KLFn, K2KLFn, K3KLFn, LowVarKLFn, NoKLFn
+
+MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
 def k3(x):
@@ -28,6 +31,7 @@ REFERENCE = {
     LowVarKLFn: low_var,
     AbsKLFn: abs,
     NoKLFn: lambda x: 0.0,
+    CorrectedK3KLFn: k3,  # without old_logprob it is k3
 }
 
 
@@ -102,3 +106,164 @@ def test_entropy_hand_values(mode):
     assert loss.item() == pytest.approx(0.01 * unweighted)
     loss, metrics = NoEntropyLossFn(entropy_coef=0.01)(entropy, mask, loss_agg_mode=mode)
     assert loss.item() == 0.0 and metrics == {}
+
+
+# -- corrected_k3 -----------------------------------------------------------------------------
+
+
+def ref_agg(values, mask, mode):
+    rows = [[v for v, m in zip(vr, mr) if m] for vr, mr in zip(values, mask)]
+    if mode == "token-mean":
+        flat = [v for r in rows for v in r]
+        return sum(flat) / len(flat) if flat else 0.0
+    if mode == "seq-mean-token-sum-norm":
+        return sum(v for r in rows for v in r) / len(values[0])
+    per_seq = [sum(r) if mode == "seq-mean-token-sum" else sum(r) / len(r) for r in rows if r]
+    return sum(per_seq) / len(per_seq) if per_seq else 0.0
+
+
+def ref_agg_grad(mask, mode):
+    """d agg / d value, per token."""
+    n_tokens = sum(1 for r in mask for m in r if m)
+    n_seqs = sum(1 for r in mask if any(r))
+    out = []
+    for r in mask:
+        count = sum(1 for m in r if m)
+        weight = {
+            "token-mean": 1.0 / max(n_tokens, 1),
+            "seq-mean-token-sum-norm": 1.0 / len(r),
+            "seq-mean-token-sum": 1.0 / max(n_seqs, 1),
+            "seq-mean-token-mean": 1.0 / (max(count, 1) * max(n_seqs, 1)),
+        }[mode]
+        out.append([weight if m else 0.0 for m in r])
+    return out
+
+
+def test_corrected_k3_hand_values():
+    logprob = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
+    ref = torch.tensor([[-1.5, -1.5]], dtype=torch.float64)  # x = 0.5: k3 = e^-0.5 - 0.5
+    old = logprob - torch.tensor([[math.log(1.5), math.log(3.0)]], dtype=torch.float64)  # ratios 1.5 and 3
+    kl = CorrectedK3KLFn().calculate_kl(logprob, ref, old)
+    base = math.exp(-0.5) - 0.5
+    torch.testing.assert_close(kl, torch.tensor([[1.5 * base, 2.0 * base]], dtype=torch.float64))
+    torch.testing.assert_close(
+        CorrectedK3KLFn().calculate_kl(logprob, ref), torch.full((1, 2), base, dtype=torch.float64)
+    )
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("mode", MODES)
+def test_corrected_k3_loss_matches_reference(shape, mode):
+    b, t = shape
+    g = torch.Generator().manual_seed(b * 5 + t)
+    logprob = (-torch.rand(b, t, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+    ref = logprob.detach() + torch.randn(b, t, generator=g, dtype=torch.float64)
+    old = logprob.detach() + 0.6 * torch.randn(b, t, generator=g, dtype=torch.float64)
+    old[0, 0] = logprob[0, 0].detach() - 3.0  # ratio e^3, clipped to 2
+    mask = random_mask(b, t, g)
+    fn = CorrectedK3KLFn(kl_coef=0.2)
+    loss, metrics = fn.calculate_kl_loss(logprob, ref, mask, mode, old_logprob=old)
+    values, grads = [], []
+    for xr, yr, orow in zip(logprob.tolist(), ref.tolist(), old.tolist()):
+        vrow, grow = [], []
+        for x, y, o in zip(xr, yr, orow):
+            r = math.exp(x - o)
+            value = k3(x - y)
+            dk3 = 1.0 - math.exp(y - x)
+            if r > 2.0:
+                vrow.append(2.0 * value)
+                grow.append(2.0 * dk3)
+            else:
+                vrow.append(r * value)
+                grow.append(r * value + r * dk3)
+        values.append(vrow)
+        grads.append(grow)
+    m = mask.tolist()
+    expected = ref_agg(values, m, mode)
+    assert metrics["kl_loss"] == pytest.approx(expected, abs=1e-6)
+    assert loss.item() == pytest.approx(0.2 * expected, abs=1e-6)
+    loss.backward()
+    weights = ref_agg_grad(m, mode)
+    expected_grad = [[0.2 * gv * w for gv, w in zip(gr, wr)] for gr, wr in zip(grads, weights)]
+    torch.testing.assert_close(
+        logprob.grad, torch.tensor(expected_grad, dtype=torch.float64), atol=1e-9, rtol=1e-7
+    )
+
+
+def test_corrected_k3_without_old_logprob_is_k3_and_so_is_its_penalty():
+    g = torch.Generator().manual_seed(3)
+    logprob = -torch.rand(3, 4, generator=g, dtype=torch.float64)
+    ref = logprob + torch.randn(3, 4, generator=g, dtype=torch.float64)
+    mask = random_mask(3, 4, g)
+    a, _ = CorrectedK3KLFn(kl_coef=0.1).calculate_kl_loss(logprob, ref, mask, "token-mean")
+    b, _ = K3KLFn(kl_coef=0.1).calculate_kl_loss(logprob, ref, mask, "token-mean")
+    assert a.item() == pytest.approx(b.item(), abs=1e-12)
+    batch = {"rewards": torch.ones(3), "action_mask": mask, "old_logprob": logprob, "ref_logprob": ref}
+    out_a, _ = CorrectedK3KLFn(kl_coef=0.1).apply_kl_penalty_to_reward(dict(batch))
+    out_b, _ = K3KLFn(kl_coef=0.1).apply_kl_penalty_to_reward(dict(batch))
+    torch.testing.assert_close(out_a["token_level_rewards"], out_b["token_level_rewards"])
+
+
+def test_corrected_k3_huge_ratio_stays_finite():
+    logprob = torch.tensor([[0.0]], dtype=torch.float64, requires_grad=True)
+    loss, _ = CorrectedK3KLFn().calculate_kl_loss(
+        logprob, torch.tensor([[-1.0]]), torch.ones(1, 1), old_logprob=torch.tensor([[-1000.0]])
+    )
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logprob.grad).all()
+
+
+# -- mix entropy ------------------------------------------------------------------------------
+
+
+def test_mix_entropy_hand_values():
+    entropy = torch.tensor([[1.0, 3.0], [2.0, 0.0], [10.0, 10.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    expert = torch.tensor([False, False, True])
+    loss, metrics = MixEntropyLossFn(entropy_coef=0.01)(
+        entropy, mask, loss_agg_mode="token-mean", expert_mask=expert
+    )
+    assert metrics["entropy_loss"] == pytest.approx(2.0)  # the expert row (entropy 10) is left out
+    assert loss.item() == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("mode", MODES)
+def test_mix_entropy_matches_reference(shape, mode):
+    b, t = shape
+    g = torch.Generator().manual_seed(b * 3 + t)
+    entropy = (torch.rand(b, t, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
+    mask = random_mask(b, t, g)
+    expert = torch.arange(b) % 2 == 1
+    loss, metrics = MixEntropyLossFn(entropy_coef=0.05)(entropy, mask, loss_agg_mode=mode, expert_mask=expert)
+    rows = [i for i in range(b) if not expert[i]]
+    ent, m = entropy.tolist(), mask.tolist()
+    expected = ref_agg([ent[i] for i in rows], [m[i] for i in rows], mode)
+    assert metrics["entropy_loss"] == pytest.approx(expected, abs=1e-9)
+    assert loss.item() == pytest.approx(0.05 * expected, abs=1e-9)
+    loss.backward()
+    usual_weights = iter(ref_agg_grad([m[i] for i in rows], mode))
+    expected_grad = [
+        [0.05 * w for w in next(usual_weights)] if not expert[i] else [0.0] * t for i in range(b)
+    ]
+    torch.testing.assert_close(
+        entropy.grad, torch.tensor(expected_grad, dtype=torch.float64), atol=1e-12, rtol=1e-9
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mix_entropy_without_expert_mask_is_the_default_bonus(mode):
+    g = torch.Generator().manual_seed(0)
+    entropy, mask = torch.rand(5, 4, generator=g, dtype=torch.float64), random_mask(5, 4, g)
+    mixed, _ = MixEntropyLossFn(entropy_coef=0.1)(entropy, mask, loss_agg_mode=mode)
+    default, _ = DefaultEntropyLossFn(entropy_coef=0.1)(entropy, mask, loss_agg_mode=mode)
+    assert mixed.item() == pytest.approx(default.item(), abs=1e-12)
+    no_expert, _ = MixEntropyLossFn(entropy_coef=0.1)(
+        entropy, mask, loss_agg_mode=mode, expert_mask=torch.zeros(5, dtype=torch.bool)
+    )
+    assert no_expert.item() == pytest.approx(default.item(), abs=1e-12)
+
+
+def test_conformance_of_new_kl_and_entropy():
+    check_component("kl_fn", CorrectedK3KLFn)
+    check_component("entropy_loss_fn", MixEntropyLossFn, init_args={"entropy_coef": 0.01})

@@ -17,15 +17,25 @@ def test_hooks_import_does_not_load_torch():
 def test_every_name_registered_under_the_plugin(algos_manager):
     from trinity.plugins import list_components
 
+    # Trinity-RFT 0.6's names (upstream configs use them), plus `raft`'s selection stage.
     expected = {
-        "advantage_fn": {"ppo", "grpo", "opmd", "rloo", "reinforceplusplus", "reinforce", "asymre", "remax"},
-        "policy_loss_fn": {"ppo", "opmd", "sft", "dpo", "gspo", "cispo", "mix"},
-        "kl_fn": {"none", "k1", "k2", "k3", "low_var_kl", "abs"},
-        "entropy_loss_fn": {"default", "none"},
+        "advantage_fn": {
+            "ppo", "grpo", "grpo_verl", "step_wise_grpo", "gigpo", "reinforceplusplus", "reinforce",
+            "remax", "rloo", "opmd", "opmd_verl", "asymre", "asymre_verl", "rec", "on_policy_distill",
+            "jsd", "clipb", "clipv", "raft",
+        },
+        "policy_loss_fn": {
+            "ppo", "opmd", "sft", "dpo", "gspo", "cispo", "mix", "topr", "sft_is", "sft_phi",
+            "mix_chord", "sppo", "rec", "sapo", "importance_sampling",
+        },
+        "kl_fn": {"none", "k1", "k2", "k3", "low_var_kl", "abs", "corrected_k3"},
+        "entropy_loss_fn": {"default", "none", "mix"},
         "sample_strategy": {"default", "warmup", "mix", "staleness_control"},
+        "selector": {"sequential", "shuffle", "random", "offline_easy2hard", "difficulty_based"},  # core + ours
         "algorithm_type": {
-            "ppo", "grpo", "dapo", "opmd", "asymre", "rloo", "reinforceplusplus",
-            "gspo", "cispo", "dpo", "sft", "mix",
+            "ppo", "grpo", "dapo", "opmd", "asymre", "rloo", "reinforceplusplus", "gspo", "cispo",
+            "dpo", "sft", "mix", "cpt", "topr", "sapo", "mix_chord", "raft", "sppo", "rec",
+            "multi_step_grpo", "gigpo", "on_policy_distill", "jsd", "grpo_verl",
         },
     }  # fmt: skip
     for kind, names in expected.items():

@@ -20,7 +20,14 @@ else:
     torch = lazy_import("torch")
 
 # Per-token tensors are indexed over the *response* part: tokens[prompt_length:].
-_RESPONSE_TENSORS = ("logprobs", "action_mask", "advantages", "returns", "token_level_reward")
+_RESPONSE_TENSORS = (
+    "logprobs",
+    "action_mask",
+    "advantages",
+    "returns",
+    "token_level_reward",
+    "teacher_logprobs",
+)
 _TENSOR_FIELDS = ("tokens", "chosen", "rejected", *_RESPONSE_TENSORS)
 
 
@@ -53,10 +60,15 @@ class Experience:
 
     ``tokens`` holds prompt and response token ids; ``prompt_length`` splits them. Per-token
     tensors (``logprobs``, ``action_mask``, ``advantages``, ``returns``,
-    ``token_level_reward``) cover the response part only. ``action_mask`` marks the tokens
+    ``token_level_reward``, ``teacher_logprobs``) cover the response part only. ``action_mask`` marks the tokens
     produced by the policy (multi-turn: assistant turns only); ``None`` means all response
-    tokens. DPO samples keep the prompt in ``tokens`` and the two responses in
-    ``chosen`` / ``rejected``.
+    tokens. ``teacher_logprobs`` are a teacher model's log-probs of the response tokens
+    (on-policy distillation records them; see ``ModelWrapper.logprobs``). DPO samples keep the
+    prompt in ``tokens`` and the two responses in ``chosen`` / ``rejected``.
+
+    A multi-step (step-wise) episode is one Experience per model call, all with the same
+    ``eid.batch`` / ``eid.task`` / ``eid.run`` and ``eid.step`` counting the turns: the trainer
+    sees them as one trajectory (``trajectory_ids``) inside the task's group (``group_ids``).
     """
 
     tokens: torch.Tensor
@@ -76,6 +88,7 @@ class Experience:
     chosen: torch.Tensor | None = None
     rejected: torch.Tensor | None = None
     messages: list[dict[str, Any]] | None = None
+    teacher_logprobs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for name in _TENSOR_FIELDS:

@@ -102,3 +102,10 @@ def register_sample_strategies(register: Register) -> None:
 @registers("algorithm_type", "trinity.algorithm.algorithm_type:AlgorithmType", _ALGOS)
 def register_algorithm_types(register: Register) -> None:
     """Register ``AlgorithmType`` subclasses (kind ``algorithm_type``)."""
+
+
+@hookspec
+@registers("selector", "trinity.buffer.selector:Selector", _ALGOS)
+def register_selectors(register: Register) -> None:
+    """Register ``Selector`` subclasses (kind ``selector``; ``data_selector.selector_type`` of a
+    taskset); the core registers ``sequential``, ``shuffle`` and ``random`` itself."""

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from trinity.algorithm.kl import KLFn
     from trinity.algorithm.policy_loss import PolicyLossFn
     from trinity.algorithm.sample_strategy import SampleStrategy
+    from trinity.buffer.selector import Selector
     from trinity.workflow import RewardFn, Workflow
 
 ENTRY_POINT_GROUP = "trinity"
@@ -52,6 +53,11 @@ ENV_LOAD = "TRINITY_LOAD_PLUGINS"
 ENV_DISABLE = "TRINITY_DISABLE_PLUGINS"
 ENV_DIRS = "TRINITY_PLUGIN_DIRS"
 ENV_TRACE = "TRINITY_TRACE_HOOKS"
+
+#: Modules of trinity-core that implement hooks for the core's own components (the built-in
+#: selectors), by plugin name. They are registered before any plugin and whatever the allow /
+#: deny lists say, so those names always resolve; ``trinity plugins`` does not list them.
+CORE_PLUGINS: dict[str, str] = {"trinity-core": "trinity.buffer.selector"}
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,7 @@ ComponentKind = Literal[
     "entropy_loss_fn",
     "sample_strategy",
     "algorithm_type",
+    "selector",
 ]
 
 
@@ -138,7 +145,7 @@ class PluginInfo:
 
     name: str
     version: str | None = None
-    source: str = "registered"  # "entry-point", "plugin-dir" or "registered"
+    source: str = "registered"  # "entry-point", "plugin-dir", "registered" or "core"
     hooks: list[str] = field(default_factory=list)
     components: dict[str, list[str]] = field(default_factory=dict)
     error: str | None = None
@@ -194,6 +201,7 @@ class TrinityPluginManager:
         with self._lock:
             if not self._loaded:
                 self._loaded = True
+                self._load_core()
                 if self._autoload:
                     self._load_entry_points()
             for d in self._plugin_dirs:
@@ -241,6 +249,12 @@ class TrinityPluginManager:
                 )
                 continue
             self._add(module, name, version, "entry-point")
+
+    def _load_core(self) -> None:
+        for name, module_name in CORE_PLUGINS.items():
+            info = self._add(importlib.import_module(module_name), name, None, "core")
+            if info.error:  # a bug in trinity-core itself: never hide it
+                raise PluginError(f"trinity-core's own components failed to register: {info.error}")
 
     def _load_dir(self, directory: Path) -> None:
         deny = _env_list(ENV_DISABLE) or set()
@@ -371,6 +385,8 @@ class TrinityPluginManager:
     @overload
     def get_component(self, kind: Literal["algorithm_type"], name: str) -> type[AlgorithmType]: ...
     @overload
+    def get_component(self, kind: Literal["selector"], name: str) -> type[Selector]: ...
+    @overload
     def get_component(self, kind: str, name: str) -> type: ...
 
     def get_component(self, kind: str, name: str) -> type:
@@ -438,9 +454,12 @@ class TrinityPluginManager:
         return sorted(self._kind_registry(kind))
 
     def plugin_infos(self, include_disabled: bool = False) -> list[PluginInfo]:
-        """Every plugin seen (loaded, broken, and with ``include_disabled`` the blocked ones)."""
+        """Every plugin seen (loaded, broken, and with ``include_disabled`` the blocked ones);
+        not the core's own hook modules (:data:`CORE_PLUGINS`)."""
         self.load()
-        return [i for i in self._infos.values() if include_disabled or not i.disabled]
+        return [
+            i for i in self._infos.values() if (include_disabled or not i.disabled) and i.source != "core"
+        ]
 
     def check_plugins(self) -> None:
         """Raise :class:`PluginLoadError` naming each plugin that failed to load."""
@@ -548,6 +567,8 @@ def get_component(kind: Literal["entropy_loss_fn"], name: str) -> type[EntropyLo
 def get_component(kind: Literal["sample_strategy"], name: str) -> type[SampleStrategy]: ...
 @overload
 def get_component(kind: Literal["algorithm_type"], name: str) -> type[AlgorithmType]: ...
+@overload
+def get_component(kind: Literal["selector"], name: str) -> type[Selector]: ...
 @overload
 def get_component(kind: str, name: str) -> type: ...
 

@@ -120,3 +120,22 @@ def test_tokenizer_loaded_from_tokenizer_path(tmp_path, tokenizer):
     cfg = config(write_jsonl(tmp_path / "sft.jsonl", rows))
     cfg.tokenizer_path = str(tmp_path / "tok")
     assert masked_text(tokenizer, get_buffer_reader(cfg).read(1)[0]) == "b<|im_end|>\n"
+
+
+def test_cpt_rows_are_raw_text_with_every_token_after_the_first_trained(tmp_path, tokenizer):
+    rows = [{"text": "2 plus 2 is 4."}, {"text": "   "}, {"body": "no text key"}, "a bare string row"]
+    path = write_jsonl(tmp_path / "corpus.jsonl", rows)
+    reader = get_buffer_reader(config(path, schema="cpt"), tokenizer=tokenizer)
+    first, second = reader.read(2)
+    ids = tokenizer("2 plus 2 is 4.")["input_ids"] + [tokenizer.eos_token_id]
+    assert first.tokens.tolist() == ids and first.prompt_length == 1
+    assert first.action_mask is None  # every response token counts
+    assert decode(tokenizer, second.tokens[second.prompt_length - 1 :]).startswith("a bare string row")
+    # The blank row and the row without the text column are skipped and counted, not trained on.
+    assert reader.metrics()["buffer/sft_data/skipped_rows"] == 2
+
+
+def test_cpt_text_key_is_configurable(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "corpus.jsonl", [{"body": "hello world"}])
+    exp = get_buffer_reader(config(path, schema="cpt", text_key="body"), tokenizer=tokenizer).read(1)[0]
+    assert decode(tokenizer, exp.tokens).startswith("hello world")

@@ -6,6 +6,7 @@ rollouts per task, whether a critic or a reference model is needed, and the data
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm import AlgorithmType
@@ -37,6 +38,41 @@ def _rollout_defaults(
     }
     config.update(over)
     return config
+
+
+def _check_expert_buffer(config: Config) -> None:
+    """With the ``mix`` sample strategy, the auxiliary buffer of expert data must exist."""
+    if _get(config, "algorithm.sample_strategy") not in (None, "mix"):
+        return
+    args = _get(config, "algorithm.sample_strategy_args") or {}
+    name = args.get("sft_dataset_name", "sft_dataset") if isinstance(args, dict) else "sft_dataset"
+    trainer_input = _get(config, "buffer.trainer_input")
+    if trainer_input is None:
+        return
+    auxiliary = _get(trainer_input, "auxiliary_buffers") or {}
+    if name not in auxiliary:
+        algo = _get(config, "algorithm.algorithm_type") or "mix"
+        raise ValueError(
+            f"buffer.trainer_input.auxiliary_buffers.{name} is required when algorithm_type is {algo!r} "
+            "(it holds the expert data mixed into every batch)"
+        )
+
+
+def _fill_mix_batch_sizes(config: Config) -> None:
+    """Give the ``mix`` / ``mix_chord`` loss the batch's usual and expert row counts, as the
+    ``mix`` sample strategy splits it, unless the user set them: with them the loss averages each
+    part over its own rows across micro-batches, as upstream's loss does under veRL."""
+    if _get(config, "algorithm.policy_loss_fn") not in ("mix", "mix_chord"):
+        return
+    args = _get(config, "algorithm.policy_loss_fn_args")
+    ratio = (_get(config, "algorithm.sample_strategy_args") or {}).get("expert_data_ratio")
+    total = _get(config, "buffer.train_batch_size")
+    if not isinstance(args, dict) or ratio is None or not total:
+        return
+    if args.get("train_batch_size_usual") is None and args.get("train_batch_size_expert") is None:
+        expert = math.ceil(ratio * total)  # the mix sample strategy's split
+        args["train_batch_size_usual"] = total - expert
+        args["train_batch_size_expert"] = expert
 
 
 class _GroupBaselineAlgorithm(AlgorithmType):
@@ -186,25 +222,15 @@ class MIXAlgorithm(_GroupBaselineAlgorithm):
     @classmethod
     def default_config(cls) -> dict[str, Any]:
         """Trinity-RFT's MIX defaults (8 rollouts per task, ``mix`` sampling and loss)."""
-        return _rollout_defaults("grpo", "mix", repeat_times=8, sample_strategy="mix")
+        return _rollout_defaults("grpo", "mix", repeat_times=8, sample_strategy="mix", entropy_loss_fn="mix")
 
     @classmethod
     def check_config(cls, config: Config) -> None:
-        """Group rule, plus: the ``mix`` sample strategy needs its expert buffer configured."""
+        """Group rule, plus: the ``mix`` sample strategy needs its expert buffer configured; the
+        loss gets the batch's usual / expert row counts (:func:`_fill_mix_batch_sizes`)."""
         super().check_config(config)
-        if _get(config, "algorithm.sample_strategy") not in (None, "mix"):
-            return
-        args = _get(config, "algorithm.sample_strategy_args") or {}
-        name = args.get("sft_dataset_name", "sft_dataset") if isinstance(args, dict) else "sft_dataset"
-        trainer_input = _get(config, "buffer.trainer_input")
-        if trainer_input is None:
-            return
-        auxiliary = _get(trainer_input, "auxiliary_buffers") or {}
-        if name not in auxiliary:
-            raise ValueError(
-                f"buffer.trainer_input.auxiliary_buffers.{name} is required when algorithm_type is 'mix' "
-                "(it holds the expert data mixed into every batch)"
-            )
+        _check_expert_buffer(config)
+        _fill_mix_batch_sizes(config)
 
 
 class DPOAlgorithm(_OfflineAlgorithm):
@@ -244,6 +270,198 @@ class SFTAlgorithm(_OfflineAlgorithm):
         }
 
 
+class CPTAlgorithm(_OfflineAlgorithm):
+    """Continued pre-training: next-token loss on every token of raw text (``format.text_key``)."""
+
+    use_reference = False
+    schema = "cpt"
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """SFT's loss on raw text: no KL, no entropy term."""
+        return {
+            "repeat_times": 1,
+            "sample_strategy": "default",
+            "policy_loss_fn": "sft",
+            "kl_loss_fn": "none",
+            "entropy_loss_fn": "none",
+        }
+
+
+class TOPRAlgorithm(AlgorithmType):
+    """TOPR, tapered off-policy REINFORCE (Le Roux et al., arXiv:2503.14286)."""
+
+    use_reference = True
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT's TOPR defaults (``reinforce`` advantages, ``topr`` loss)."""
+        return _rollout_defaults("reinforce", "topr")
+
+
+class SAPOAlgorithm(_GroupBaselineAlgorithm):
+    """SAPO, soft adaptive policy optimisation: a temperature-controlled soft gate instead of
+    PPO's hard clip."""
+
+    use_reference = True
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT's SAPO defaults."""
+        return _rollout_defaults("grpo", "sapo")
+
+
+class MIXCHORDAlgorithm(_GroupBaselineAlgorithm):
+    """CHORD (arXiv:2508.11408): GRPO on rollouts plus an SFT term on expert data whose weight
+    ``mu`` follows a schedule, with token-wise weighting (``sft_is`` / ``sft_phi``)."""
+
+    use_reference = True
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT's CHORD defaults (8 rollouts, ``mix`` sampling, ``mix_chord`` loss)."""
+        return _rollout_defaults(
+            "grpo", "mix_chord", repeat_times=8, sample_strategy="mix", entropy_loss_fn="mix"
+        )
+
+    @classmethod
+    def check_config(cls, config: Config) -> None:
+        """Group rule, plus: the ``mix`` sample strategy needs its expert buffer configured; the
+        loss gets the batch's usual / expert row counts (:func:`_fill_mix_batch_sizes`)."""
+        super().check_config(config)
+        _check_expert_buffer(config)
+        _fill_mix_batch_sizes(config)
+
+
+class RAFTAlgorithm(AlgorithmType):
+    """RAFT, reward-ranked fine-tuning (arXiv:2304.06767): the SFT loss on successful rollouts.
+
+    The ``raft`` advantage stage keeps rows with ``reward >= reward_threshold`` (1.0 by default;
+    ``top_k`` keeps only the best per task) and masks the rest out of the loss.
+    """
+
+    use_reference = False
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT's RAFT defaults (SFT loss, no KL, no entropy) plus the selection stage."""
+        return {
+            "sample_strategy": "default",
+            "advantage_fn": "raft",
+            "policy_loss_fn": "sft",
+            "kl_penalty_fn": "none",
+            "kl_loss_fn": "none",
+            "entropy_loss_fn": "none",
+        }
+
+
+class SPPOAlgorithm(_GroupBaselineAlgorithm):
+    """sPPO: OPMD advantages with the sPPO loss, no reference model."""
+
+    use_reference = False
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT's sPPO defaults."""
+        return _rollout_defaults("opmd", "sppo", kl_loss_fn="none", entropy_loss_fn="none")
+
+
+class RECAlgorithm(_GroupBaselineAlgorithm):
+    """REC: group-relative REINFORCE with the REC family's clipping / weighting of the loss."""
+
+    use_reference = True
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT's REC defaults."""
+        return _rollout_defaults("rec", "rec")
+
+
+class MultiStepGRPOAlgorithm(_GroupBaselineAlgorithm):
+    """GRPO for multi-step (step-wise) episodes: each turn is an Experience; the episode's
+    advantage is computed per trajectory and broadcast to all its turns (``step_wise_grpo``)."""
+
+    use_reference = True
+    step_wise = True
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT's multi-step GRPO defaults (8 rollouts per task)."""
+        return _rollout_defaults("step_wise_grpo", "ppo", repeat_times=8)
+
+
+class GiGPOAlgorithm(_GroupBaselineAlgorithm):
+    """GiGPO, group-in-group policy optimisation (Feng et al., arXiv:2505.10978): episode-level
+    group advantages plus step-level advantages among turns from the same environment state."""
+
+    use_reference = True
+    step_wise = True
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT's GiGPO defaults."""
+        return _rollout_defaults(
+            "gigpo",
+            "ppo",
+            repeat_times=8,
+            advantage_fn_args={"omega": 1.0, "gamma": 1.0, "fnorm": "none", "epsilon": 1e-6},
+            policy_loss_fn_args={
+                "clip_range_low": 0.2,
+                "clip_range_high": 0.2,
+                "loss_agg_mode": "token-mean",
+            },
+        )
+
+
+class OnPolicyDistillAlgorithm(AlgorithmType):
+    """On-policy distillation: the student samples, a teacher (``explorer.auxiliary_models[0]``)
+    scores its tokens, and ``A = kl_coef * (teacher_logprob - student_logprob)`` per token."""
+
+    use_reference = False
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT's on-policy distillation defaults."""
+        return _rollout_defaults(
+            "on_policy_distill",
+            "ppo",
+            repeat_times=8,
+            advantage_fn_args={"kl_coef": 1.0},
+            kl_loss_fn="none",
+            entropy_loss_fn="none",
+        )
+
+
+class JSDAlgorithm(AlgorithmType):
+    """On-policy distillation with a Jensen-Shannon divergence advantage."""
+
+    use_reference = False
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT's JSD defaults."""
+        return _rollout_defaults(
+            "jsd",
+            "ppo",
+            repeat_times=8,
+            advantage_fn_args={"kl_coef": 1.0, "lambda_coef": 0.5},
+            kl_loss_fn="none",
+            entropy_loss_fn="none",
+        )
+
+
+class GRPOverlAlgorithm(_GroupBaselineAlgorithm):
+    """GRPO as upstream runs it in veRL's trainer. Here every advantage runs in the trainer, so
+    this is GRPO with upstream's ``grpo_verl`` defaults (which name the ``grpo`` advantage)."""
+
+    use_reference = True
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT's GRPO-veRL defaults."""
+        return _rollout_defaults("grpo", "ppo")
+
+
 ALGORITHM_TYPES: dict[str, type[AlgorithmType]] = {
     "ppo": PPOAlgorithm,
     "grpo": GRPOAlgorithm,
@@ -257,6 +475,18 @@ ALGORITHM_TYPES: dict[str, type[AlgorithmType]] = {
     "dpo": DPOAlgorithm,
     "sft": SFTAlgorithm,
     "mix": MIXAlgorithm,
+    "cpt": CPTAlgorithm,
+    "topr": TOPRAlgorithm,
+    "sapo": SAPOAlgorithm,
+    "mix_chord": MIXCHORDAlgorithm,
+    "raft": RAFTAlgorithm,
+    "sppo": SPPOAlgorithm,
+    "rec": RECAlgorithm,
+    "multi_step_grpo": MultiStepGRPOAlgorithm,
+    "gigpo": GiGPOAlgorithm,
+    "on_policy_distill": OnPolicyDistillAlgorithm,
+    "jsd": JSDAlgorithm,
+    "grpo_verl": GRPOverlAlgorithm,
 }
 
 __all__ = ["ALGORITHM_TYPES", *sorted(cls.__name__ for cls in ALGORITHM_TYPES.values())]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from trinity import hookimpl
 from trinity.hookspecs import Register
-from trinity_math import rewards, workflows
+from trinity_math import dapo, distill, rewards, workflows
 
 WORKFLOWS = {
     "simple_workflow": workflows.SimpleWorkflow,
@@ -17,11 +17,14 @@ WORKFLOWS = {
     "math_workflow": workflows.MathWorkflow,
     "async_math_workflow": workflows.AsyncMathWorkflow,
     "math_boxed_workflow": workflows.MathBoxedWorkflow,
+    "on_policy_distill_workflow": distill.OnPolicyDistillWorkflow,
+    "on_policy_distill_math_workflow": distill.OnPolicyDistillMathWorkflow,
 }
 
 REWARD_FNS = {
     "math_reward": rewards.MathRewardFn,
     "math_boxed_reward": rewards.MathBoxedRewardFn,
+    "math_dapo_reward": dapo.MathDAPORewardFn,
     "countdown_reward": rewards.CountdownRewardFn,
     "accuracy_reward": rewards.AccuracyReward,
     "format_reward": rewards.FormatReward,
@@ -30,7 +33,7 @@ REWARD_FNS = {
 
 @hookimpl
 def register_workflows(register: Register) -> None:
-    """Register the math workflows."""
+    """Register the math and on-policy distillation workflows."""
     for name, cls in WORKFLOWS.items():
         register(name, cls)
 

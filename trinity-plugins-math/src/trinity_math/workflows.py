@@ -8,7 +8,9 @@ Registered names:
   for ``<think>…</think><answer>…</answer>``; ``math_reward`` unless the taskset names another;
 * ``math_boxed_workflow``  a "put your final answer in ``\\boxed{}``" prompt and
   ``math_boxed_reward``; ``workflow_args.use_base: true`` sends a raw text prompt through
-  ``model.generate`` (base models), ``with_think`` / ``format_score_coef`` reach the reward.
+  ``model.generate`` (base models), ``with_think`` / ``format_score_coef`` reach the reward,
+  and so do the response's token ids (``response_token``, as in Trinity-RFT: e.g. for
+  ``math_dapo_reward``'s overlong penalty; the other workflows pass them to rewards that ask).
 
 Each Experience gets ``reward`` = the sum of the reward function's parts, the parts in
 ``metrics``, and ``eid.run`` = ``run_id_base + i``.
@@ -64,6 +66,8 @@ class SimpleWorkflow(Workflow):
     default_system_prompt: ClassVar[str | None] = None
     #: Reward function used when the taskset names none.
     default_reward_fn: ClassVar[type[RewardFn] | None] = None
+    #: Pass every reward the response's token ids as ``response_token`` (see :meth:`score`).
+    passes_response_token: ClassVar[bool] = False
 
     def __init__(self, *, task: Task, model: Any, auxiliary_models: list[Any] | None = None) -> None:
         super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
@@ -126,9 +130,17 @@ class SimpleWorkflow(Workflow):
         return {}
 
     def score(self, responses: list[Experience]) -> list[Experience]:
-        """Set ``reward``, ``metrics`` and ``eid.run`` on each response; returns them."""
-        kwargs = self.reward_kwargs()
+        """Set ``reward``, ``metrics`` and ``eid.run`` on each response; returns them.
+
+        The response's token ids reach the reward as ``response_token`` when the workflow sets
+        ``passes_response_token`` or the reward sets ``needs_response_token`` (as
+        ``math_dapo_reward`` does, for its overlong penalty).
+        """
+        kwargs = dict(self.reward_kwargs())
+        with_tokens = self.passes_response_token or getattr(self.reward_fn, "needs_response_token", False)
         for i, exp in enumerate(responses):
+            if with_tokens:
+                kwargs["response_token"] = exp.tokens[exp.prompt_length :]
             parts = self.reward_fn(exp.response_text or "", self.truth, **kwargs)
             exp.metrics.update({name: float(value) for name, value in parts.items()})
             exp.reward = float(sum(parts.values()))
@@ -178,6 +190,8 @@ class MathBoxedWorkflow(SimpleWorkflow):
     """
 
     WORKFLOW_ARGS: ClassVar[tuple[str, ...]] = ("use_base", "with_think", "format_score_coef")
+    # Trinity-RFT's math_boxed_workflow gives every reward the response's tokens.
+    passes_response_token: ClassVar[bool] = True
 
     default_reward_fn: ClassVar[type[RewardFn] | None] = MathBoxedRewardFn
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 if TYPE_CHECKING:
     from trinity.config import Config
 
-Schema = Literal["experience", "sft", "dpo"]
+Schema = Literal["experience", "sft", "dpo", "cpt"]
 
 
 class AlgorithmType:
@@ -18,13 +18,19 @@ class AlgorithmType:
         use_reference: keep a frozen reference model (KL terms).
         use_advantage: call the advantage function (SFT and DPO do not).
         can_balance_batch: rows may be reordered when splitting into micro-batches.
-        schema: the experience format: ``experience`` (rollouts), ``sft`` or ``dpo``.
+        step_wise: each rollout may be several experiences (one per turn, sharing
+            ``eid.batch/task/run``, see :class:`~trinity.experience.Experience`); a training step
+            then trains on one explorer step's experiences, with ``buffer.train_batch_size`` as
+            the upper bound (set it to ``batch_size × repeat_times × the most turns``).
+        schema: the experience format: ``experience`` (rollouts), ``sft``, ``dpo`` or
+            ``cpt`` (raw text, every token trained).
     """
 
     use_critic: ClassVar[bool] = False
     use_reference: ClassVar[bool] = False
     use_advantage: ClassVar[bool] = True
     can_balance_batch: ClassVar[bool] = True
+    step_wise: ClassVar[bool] = False
     schema: ClassVar[Schema] = "experience"
 
     @classmethod

@@ -56,8 +56,12 @@ class KLFn(Component):
         ref_logprob: torch.Tensor,
         action_mask: torch.Tensor,
         loss_agg_mode: str = "token-mean",
+        old_logprob: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """``kl_coef * agg(kl)``; metrics ``kl_loss`` (unweighted) and ``kl_coef``."""
+        """``kl_coef * agg(kl)``; metrics ``kl_loss`` (unweighted) and ``kl_coef``.
+
+        ``old_logprob`` (the rollout policy's, always passed by the trainer) is for estimators
+        that reweight by the policy ratio (``corrected_k3``); this one ignores it."""
         kl = self.calculate_kl(logprob, ref_logprob)
         kl_loss = aggregate_loss(kl, action_mask, loss_agg_mode)
         return kl_loss * self.kl_coef, {"kl_loss": float(kl_loss.detach()), "kl_coef": self.kl_coef}
@@ -103,6 +107,7 @@ class NoKLFn(KLFn):
         ref_logprob: torch.Tensor | None,
         action_mask: torch.Tensor,
         loss_agg_mode: str = "token-mean",
+        old_logprob: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """A zero loss on ``logprob``'s device and no metrics."""
         return torch.zeros((), dtype=logprob.dtype, device=logprob.device), {}

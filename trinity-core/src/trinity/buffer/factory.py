@@ -152,14 +152,14 @@ def get_buffer_reader(
 ) -> BufferReader:
     """A reader for an experience buffer or an SFT/DPO dataset.
 
-    ``schema_type`` ``sft``/``dpo`` with ``file`` storage gives an
+    ``schema_type`` ``sft``/``dpo``/``cpt`` with ``file`` storage gives an
     :class:`~trinity.buffer.sft.SFTDatasetReader` (``tokenizer``, or one loaded from
     ``tokenizer_path``); otherwise the reader of the ``storage_type``. SQL buffers read FIFO,
     or highest priority first when ``replay_buffer.enable`` is set.
     """
     kind = config.storage_type
     name = config.name or "experience"
-    if config.schema_type in ("sft", "dpo") and kind == "file":
+    if config.schema_type in ("sft", "dpo", "cpt") and kind == "file":
         from trinity.buffer.sft import SFTDatasetReader
 
         return SFTDatasetReader(config, tokenizer)

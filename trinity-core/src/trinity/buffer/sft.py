@@ -8,6 +8,10 @@ them are masked out); otherwise only the last assistant message is the response.
 DPO (``schema_type: dpo``): ``tokens`` = the prompt (with the generation prompt), and ``chosen`` /
 ``rejected`` = the tokens of each reply as the template renders it after that prompt.
 
+CPT (``schema_type: cpt``, continued pre-training): ``tokens`` = the raw text of the
+``format.text_key`` column (no chat template), tokenised with the tokenizer's special tokens and
+an EOS; every token after the first is trained (the first has nothing to be predicted from).
+
 Token boundaries come from rendering growing prefixes of the conversation, so any chat template
 works (no ``{% generation %}`` markers needed), as long as a prefix renders as a prefix.
 """
@@ -83,6 +87,26 @@ def _plain_messages(row: dict, fmt: FormatConfig, response: Any) -> list[dict]:
             raise SFTDataError(f"response must be a string, got {type(response).__name__}")
         messages.append({"role": "assistant", "content": (fmt.reply_prefix or "") + response})
     return messages
+
+
+def cpt_experience(row: Any, fmt: FormatConfig, chat: ChatTokenizer) -> Experience:
+    """One continued-pre-training :class:`~trinity.experience.Experience`: the raw text of
+    ``fmt.text_key`` (a plain string row works too), every token after the first trained."""
+    from trinity.experience import Experience
+
+    text = row.get(fmt.text_key) if isinstance(row, dict) else row
+    if isinstance(row, dict) and fmt.text_key not in row:
+        raise SFTDataError(f"missing text key {fmt.text_key!r}")
+    if not isinstance(text, str) or not text.strip():
+        raise SFTDataError(f"text {fmt.text_key!r} must be a non-empty string")
+    tokenizer = chat.tokenizer
+    ids = list(tokenizer(text)["input_ids"])
+    eos = tokenizer.eos_token_id
+    if eos is not None and (not ids or ids[-1] != eos):
+        ids.append(eos)
+    if len(ids) < 2:
+        raise SFTDataError("the text renders to fewer than two tokens; there is nothing to predict")
+    return Experience(tokens=ids, prompt_length=1, prompt_text="", response_text=text)
 
 
 def sft_experience(row: Any, fmt: FormatConfig, chat: ChatTokenizer) -> Experience:
@@ -189,19 +213,26 @@ class SFTDatasetReader(ReaderBase):
         self.config = config
         self.name = config.name or "sft"
         schema = config.schema_type or "sft"
-        if schema not in ("sft", "dpo"):
-            raise ValueError(f"buffer {self.name!r}: schema_type must be 'sft' or 'dpo', got {schema!r}")
+        if schema not in ("sft", "dpo", "cpt"):
+            raise ValueError(
+                f"buffer {self.name!r}: schema_type must be 'sft', 'dpo' or 'cpt', got {schema!r}"
+            )
         fmt = config.format
         if tokenizer is None:
             if not config.tokenizer_path:
                 raise ValueError(
                     f"buffer {self.name!r}: no tokenizer; set model.model_path (or tokenizer_path)"
                 )
-            tokenizer = load_tokenizer(config.tokenizer_path, fmt.chat_template)
+            if schema == "cpt":  # raw text: no chat template needed
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path)
+            else:
+                tokenizer = load_tokenizer(config.tokenizer_path, fmt.chat_template)
         elif fmt.chat_template:
             tokenizer.chat_template = fmt.chat_template
         chat = ChatTokenizer(tokenizer)
-        build = dpo_experience if schema == "dpo" else sft_experience
+        build = {"dpo": dpo_experience, "cpt": cpt_experience}.get(schema, sft_experience)
         try:
             raw = load_rows(config.path, split=config.split, subset_name=config.subset_name)
         except DatasetError as exc:

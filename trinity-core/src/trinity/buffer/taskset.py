@@ -9,6 +9,11 @@ row number, and counted in :meth:`TasksetReader.metrics` as ``buffer/<taskset>/s
 one hostile row never stops a job.
 
 Several training tasksets are interleaved by :class:`TasksetScheduler`, task by task.
+
+Which rows a training taskset reads is its selector's choice (``data_selector``: a registered
+:class:`~trinity.buffer.selector.Selector`). After each explore step the explorer reports how
+every finished task went (:meth:`TasksetScheduler.feedback`), and the reader passes it on to the
+selector that chose the task (:meth:`~trinity.buffer.selector.Selector.update`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from trinity.buffer.base import BufferExhausted
 from trinity.buffer.dataset import DatasetError, RawRow, load_rows
-from trinity.buffer.selector import Selector
+from trinity.buffer.selector import Selector, SequentialSelector, build_selector
 
 if TYPE_CHECKING:
     from trinity.config import BufferConfig, TasksetConfig
@@ -118,8 +123,8 @@ class TasksetReader:
             (``default_workflow_type``, ``default_reward_fn_type``, ``total_epochs``,
             ``total_steps``, ``batch_size``). A resolved config already has them filled in.
 
-    The read position starts at ``config.index`` and is saved by :meth:`state_dict`.
-    Eval tasksets (``is_eval``) are read once, in file order.
+    The read position starts at ``config.index`` and is saved by :meth:`state_dict`, with
+    the selector's own state. Eval tasksets (``is_eval``) are read once, in file order.
     """
 
     def __init__(self, config: TasksetConfig, buffer_config: BufferConfig | None = None) -> None:
@@ -142,9 +147,8 @@ class TasksetReader:
         self._components: dict[tuple[str, str], type | None] = {}
         self._check_components()
         self.rows = self._load()
-        selector = config.data_selector
-        kind = "sequential" if self.is_eval else selector.selector_type
-        self.selector = Selector(len(self.rows), kind, selector.seed)
+        self.selector = self._make_selector()
+        self._row_of_task: dict[int, int] | None = None  # Task.index -> row index, built on feedback
         self.position = int(config.index or 0)
         self.steps = 0
 
@@ -179,6 +183,26 @@ class TasksetReader:
                 self._component(kind, name)
             except UnknownComponentError as exc:
                 raise self._error(f"{key}: {exc}") from None
+        if not self.is_eval:
+            try:
+                self._component("selector", self.config.data_selector.selector_type)
+            except UnknownComponentError as exc:
+                raise self._error(f"data_selector.selector_type: {exc}") from None
+
+    def _make_selector(self) -> Selector:
+        """The training taskset's selector, given the ``feature_keys`` columns of the usable rows
+        (``None`` where a row lacks one); eval tasksets read in file order."""
+        if self.is_eval:
+            return SequentialSelector(len(self.rows))
+        cfg = self.config.data_selector
+        cls = self._component("selector", cfg.selector_type)
+        features = {
+            key: [raw.value.get(key) for raw, _, _ in self.rows] for key in dict.fromkeys(cfg.feature_keys)
+        }
+        try:
+            return build_selector(cls, len(self.rows), seed=cfg.seed, features=features, kwargs=cfg.kwargs)
+        except (TypeError, ValueError) as exc:
+            raise self._error(f"data_selector: selector {cfg.selector_type!r}: {exc}") from None
 
     def _load(self) -> list[tuple[RawRow, type, type | None]]:
         cfg = self.config
@@ -323,14 +347,32 @@ class TasksetReader:
             index=raw.row - 1,
         )
 
+    def feedback(self, observed: Mapping[str, Mapping[int, float]]) -> None:
+        """Pass ``observed[<this taskset's name>]``, ``{Task.index: observed value}`` of its
+        finished tasks, to the selector as one :meth:`~trinity.buffer.selector.Selector.update`
+        of row indices (none when there is nothing; unknown task indices are ignored)."""
+        mine = observed.get(self.name) or {}
+        if self._row_of_task is None:
+            self._row_of_task = {raw.row - 1: i for i, (raw, _, _) in enumerate(self.rows)}
+        pairs = [(self._row_of_task[t], float(v)) for t, v in mine.items() if t in self._row_of_task]
+        if pairs:
+            self.selector.update([i for i, _ in pairs], [v for _, v in pairs])
+
     def state_dict(self) -> dict[str, Any]:
-        """``{"position", "steps"}``: enough to continue exactly where reading stopped."""
-        return {"position": self.position, "steps": self.steps}
+        """``{"position", "steps"}``, plus ``"selector"`` when the selector has state of its own
+        (what it learned from feedback): enough to continue exactly where reading stopped."""
+        state: dict[str, Any] = {"position": self.position, "steps": self.steps}
+        selector_state = self.selector.state_dict()
+        if selector_state:
+            state["selector"] = selector_state
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a position saved by :meth:`state_dict`."""
+        """Restore a position (and selector state) saved by :meth:`state_dict`."""
         self.position = int(state.get("position", 0))
         self.steps = int(state.get("steps", 0))
+        if "selector" in state:
+            self.selector.load_state_dict(state["selector"])
 
     def metrics(self) -> dict[str, float]:
         """``buffer/<taskset>/rows``, ``.../skipped_rows``, ``.../epoch``, one
@@ -377,24 +419,30 @@ class TasksetScheduler:
         if self.total_steps is not None and self.steps >= self.total_steps:
             raise BufferExhausted(f"total_steps ({self.total_steps}) reached")
         want = batch_size or self.batch_size
-        tasks: list[Task] = []
-        active = [r for r in self.readers if r.remaining() != 0]
-        while len(tasks) < want and active:
+        # Deal the batch's slots round-robin first, then ask each taskset once for its share:
+        # a selector that draws a batch (without replacement, top-k) sees the whole request.
+        left = {id(r): r.remaining() for r in self.readers}
+        order: list[TasksetReader] = []
+        while len(order) < want and any(n != 0 for n in left.values()):
             reader = self.readers[self._next % len(self.readers)]
             self._next += 1
-            if reader not in active:
+            n = left[id(reader)]
+            if n == 0:
                 continue
-            got = reader.take(1)
-            if got:
-                tasks.extend(got)
-            else:
-                active.remove(reader)
-            if reader.remaining() == 0 and reader in active:
-                active.remove(reader)
-        if not tasks:
+            order.append(reader)
+            left[id(reader)] = None if n is None else n - 1
+        if not order:
             raise BufferExhausted("every taskset is done")
+        shares = {id(r): iter(r.take(order.count(r))) for r in self.readers if r in order}
+        tasks: list[Task] = [next(shares[id(r)]) for r in order]
         self.steps += 1
         return tasks
+
+    def feedback(self, observed: Mapping[str, Mapping[int, float]]) -> None:
+        """``{taskset name: {Task.index: observed value}}`` of an explore step's finished tasks,
+        for every taskset's :meth:`TasksetReader.feedback` (unknown names ignored)."""
+        for r in self.readers:
+            r.feedback(observed)
 
     def state_dict(self) -> dict[str, Any]:
         """Steps, round-robin pointer and each taskset's position, by name."""

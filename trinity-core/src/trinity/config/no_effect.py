@@ -74,9 +74,54 @@ def _tasksets(field: str, reason: str) -> list[NoEffect]:
     ]
 
 
+_BUILTIN_SELECTORS = ("sequential", "shuffle", "random")
+
+
+# Sections whose selector gets only selector_type and seed: eval tasksets are read in file order,
+# and SFT/DPO datasets (trainer_input) build their selector without feature keys or arguments.
+_SELECTOR_ARGS_UNREAD = ("eval_tasksets", "trainer_input")
+
+
+def _selector_sections(value: Any, unread: bool = False) -> Iterator[tuple[Any, bool]]:
+    """Every ``data_selector`` / ``task_selector`` section under ``value``, and whether it lies
+    where feature keys and arguments are never read (:data:`_SELECTOR_ARGS_UNREAD`)."""
+    if isinstance(value, BaseModel):
+        if "selector_type" in type(value).model_fields:
+            yield value, unread
+            return
+        unread = unread or getattr(value, "is_eval", False) is True
+        for name in type(value).model_fields:
+            yield from _selector_sections(getattr(value, name), unread or name in _SELECTOR_ARGS_UNREAD)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _selector_sections(item, unread)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _selector_sections(item, unread)
+
+
+def _ignored_by_selector(field: str) -> Callable[[Any, Any, Any], bool]:
+    """Active when the section holding ``value`` names a built-in selector (they read neither
+    feature keys nor arguments) or lies where they are never read; plugin selectors of training
+    tasksets read both."""
+
+    def active(value: Any, default: Any, root: Any) -> bool:
+        if not _differs(value, default, root):
+            return False
+        for section, unread in _selector_sections(root):
+            if getattr(section, field) is value:
+                return unread or section.selector_type in _BUILTIN_SELECTORS
+        return False
+
+    return active
+
+
 _NO_LORA_SERVING = "the rollout engines serve no LoRA adapters"
 _NO_SERVE = "serve mode is not implemented"
-_SELECTORS = "the built-in selectors (sequential, shuffle, random) take no feature keys or arguments"
+_SELECTORS = (
+    "the built-in selectors (sequential, shuffle, random) take no feature keys or arguments, eval "
+    "tasksets are read in file order, and SFT/DPO datasets give their selector only a seed"
+)
 _TASKSET_SQL = "tasksets are read from files; SQL retries apply to `sql` experience buffers"
 
 NO_EFFECT: tuple[NoEffect, ...] = (
@@ -110,10 +155,10 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     # buffer
     NoEffect("**.format.image_key", "multi-modal data is not read"),
     NoEffect("**.format.video_key", "multi-modal data is not read"),
-    NoEffect("**.data_selector.feature_keys", _SELECTORS),
-    NoEffect("**.data_selector.kwargs", _SELECTORS),
-    NoEffect("**.task_selector.feature_keys", _SELECTORS),
-    NoEffect("**.task_selector.kwargs", _SELECTORS),
+    NoEffect("**.data_selector.feature_keys", _SELECTORS, _ignored_by_selector("feature_keys")),
+    NoEffect("**.data_selector.kwargs", _SELECTORS, _ignored_by_selector("kwargs")),
+    NoEffect("**.task_selector.feature_keys", _SELECTORS, _ignored_by_selector("feature_keys")),
+    NoEffect("**.task_selector.kwargs", _SELECTORS, _ignored_by_selector("kwargs")),
     *_tasksets("max_retry_times", _TASKSET_SQL),
     *_tasksets("max_retry_interval", _TASKSET_SQL),
     NoEffect(

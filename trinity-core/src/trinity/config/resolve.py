@@ -201,6 +201,10 @@ def _resolve_taskset(c: Config, ts: TasksetConfig, key: str, index: int, *, is_e
                 "set data_selector only (task_selector is its deprecated alias)", key=f"{key}.task_selector"
             )
         ts.data_selector, ts.task_selector = ts.task_selector, None
+    if not is_eval:  # eval tasksets are read in file order whatever they name
+        _check_task_component(
+            "selector", ts.data_selector.selector_type, f"{key}.data_selector.selector_type"
+        )
     if not ts.name:
         ts.name = f"{'eval_' if is_eval else ''}taskset_{index}"
     _resolve_storage_common(c, ts, key)

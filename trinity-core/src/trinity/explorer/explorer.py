@@ -130,8 +130,8 @@ class Explorer:
         auxiliary_engines: likewise for ``explorer.auxiliary_models`` (``engine_num`` engines
             per configured model, in config order).
         writer: experience writer instead of the one from ``buffer.trainer_input``.
-        taskset_reader: training task source (``read_batch()``, ``metrics()``, ``state_dict()``)
-            instead of the configured one.
+        taskset_reader: training task source (``read_batch()``, ``metrics()``, ``state_dict()``,
+            optionally ``feedback()``) instead of the configured one.
     """
 
     def __init__(
@@ -235,6 +235,7 @@ class Explorer:
         # Readers waiting for a full batch learn that this step will bring no more (tasks that
         # failed or were dropped): the trainer trains on what arrived instead of waiting.
         self.writer.end_step(step)
+        self._feed_selectors(results)
         end = time.monotonic()
         self.explore_step_num = step
         report = failure_report(results)
@@ -255,6 +256,28 @@ class Explorer:
         if report:
             metrics[FAILURES_KEY] = report  # a string: printed by the launcher, not plotted
         return metrics
+
+    def _feed_selectors(self, results: list[TaskResult]) -> None:
+        """Tell the tasksets' selectors how the step's tasks went (what adaptive selectors such
+        as ``difficulty_based`` learn from): per task, the mean reward of all its experiences,
+        as upstream's pass-rate feedback. Failed and empty tasks, and rewards that are not
+        finite numbers, are left out rather than counted as zeros; a task read twice in the
+        step gets one value over both."""
+        feedback = getattr(self.taskset_reader, "feedback", None)
+        if feedback is None:  # a task source of its own, without selectors
+            return
+        rewards: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for result in results:
+            if not result.ok:
+                continue
+            for exp in result.experiences:
+                reward = _as_float(exp.reward)
+                if reward is not None:
+                    rewards[(result.task.taskset_name, result.task.index)].append(reward)
+        observed: dict[str, dict[int, float]] = defaultdict(dict)
+        for (taskset, index), values in rewards.items():
+            observed[taskset][index] = math.fsum(values) / len(values)
+        feedback(dict(observed))
 
     def _stamp(self, results: list[TaskResult], step: int | str) -> list[Experience]:
         version = self.model_version

@@ -50,8 +50,16 @@ def make_training_tensors(batch_size: int = 4, length: int = 6, seed: int = 0) -
         "rewards": torch.rand(batch_size, generator=g),
         "token_level_rewards": torch.randn(batch_size, length, generator=g) * mask,
         "group_ids": torch.arange(batch_size) // 2,
+        # Step-wise layout: each row its own one-step episode (trajectory), turn 0.
+        "trajectory_ids": torch.arange(batch_size),
+        "step_ids": torch.zeros(batch_size, dtype=torch.long),
+        "rollout_logprobs": near(logprob),
+        "has_rollout_logprobs": True,
+        "teacher_logprobs": near(logprob),
+        "old_entropy": torch.rand(batch_size, length, generator=g) * 2,
+        "old_nec": torch.rand(batch_size, length, generator=g) * 0.1,
         "expert_mask": torch.arange(batch_size) % 2 == 0,
-        "info": [{"reward_baseline": 0.5} for _ in range(batch_size)],
+        "info": [{"reward_baseline": 0.5, "env_state_hash": f"s{i % 3}"} for i in range(batch_size)],
     }
 
 
@@ -266,18 +274,6 @@ def check_sample_strategy(
     strategy.load_state_dict(state)
 
 
-_ALGORITHM_KEYS = {
-    "repeat_times",
-    "sample_strategy",
-    "advantage_fn",
-    "policy_loss_fn",
-    "kl_loss_fn",
-    "kl_penalty_fn",
-    "entropy_loss_fn",
-    "loss_agg_mode",
-}
-
-
 def check_algorithm_type(cls: type, resolve_components: bool = True) -> None:
     """Flags have the right types, ``default_config()`` names only algorithm keys, and (with
     ``resolve_components``) every component it names is registered."""
@@ -287,10 +283,15 @@ def check_algorithm_type(cls: type, resolve_components: bool = True) -> None:
     _check_subclass(cls, AlgorithmType)
     for flag in ("use_critic", "use_reference", "use_advantage", "can_balance_batch"):
         assert isinstance(getattr(cls, flag), bool), f"{cls.__name__}.{flag} must be a bool"
-    assert cls.schema in ("experience", "sft", "dpo"), f"{cls.__name__}.schema must be experience|sft|dpo"
+    assert cls.schema in ("experience", "sft", "dpo", "cpt"), (
+        f"{cls.__name__}.schema must be experience|sft|dpo|cpt"
+    )
     config = cls.default_config()
     assert isinstance(config, dict), f"{cls.__name__}.default_config() must return a dict"
-    unknown = set(config) - _ALGORITHM_KEYS
+    from trinity.config.sections.algorithm import AlgorithmConfig
+
+    # Any key of the algorithm section (components, their *_args, ...), as the resolver accepts.
+    unknown = set(config) - set(AlgorithmConfig.model_fields)
     assert not unknown, f"{cls.__name__}.default_config() has unknown keys {sorted(unknown)}"
     if "repeat_times" in config:
         assert isinstance(config["repeat_times"], int) and config["repeat_times"] >= 1
@@ -336,6 +337,84 @@ def check_workflow(cls: type) -> None:
         assert inspect.iscoroutinefunction(cls.run_async), f"{cls.__name__}.run_async must be async"
 
 
+def make_selector_features(size: int, seed: int = 0) -> dict[str, list[float]]:
+    """Two difficulty columns for selector checks: ``low`` and ``high``, pass rates in
+    ``[0, 1]`` with ``low <= high`` in every row (as of a small and a large model)."""
+    import random
+
+    rng = random.Random(seed)
+    low = [round(rng.random(), 3) for _ in range(size)]
+    return {"low": low, "high": [round(x + (1 - x) * rng.random(), 3) for x in low]}
+
+
+def check_selector(
+    cls: type,
+    init_args: Mapping[str, Any] | None = None,
+    size: int = 10,
+    features: Mapping[str, list[Any]] | None = None,
+    seed: int = 7,
+) -> None:
+    """Built as the taskset reader builds it (``size``, ``seed``, ``features``: default two
+    pass-rate columns from :func:`make_selector_features`, ``default_args()`` merged with
+    ``init_args``): ``indices(start, count)`` gives ``count`` row indices in ``range(size)``
+    (also when ``count > size``), the same ones for the same state and request; ``update``
+    takes feedback; ``state_dict()`` survives JSON, and a fresh selector loading it continues
+    with the same indices."""
+    import json
+
+    from trinity.buffer.selector import Selector
+
+    _check_subclass(cls, Selector)
+    features = dict(features if features is not None else make_selector_features(size))
+
+    def build() -> Any:
+        return _build(cls, init_args, size=size, seed=seed, features=features)
+
+    def requests(selector: Any, start: int) -> list[list[int]]:
+        out = []
+        for count in (3, 1, size + 2, 4):
+            got = selector.indices(start, count)
+            assert isinstance(got, list) and len(got) == count, (
+                f"{cls.__name__}.indices({start}, {count}) must return a list of {count} indices, got {got!r}"
+            )
+            for i in got:
+                assert isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size, (
+                    f"{cls.__name__}.indices returned {i!r}; expected ints in range({size})"
+                )
+            out.append(got)
+            start += count
+        return out
+
+    def feed(selector: Any, batch: list[int]) -> None:
+        rows = sorted(set(batch))
+        selector.update(rows, [(i % 3) / 2 for i in rows])  # pass rates 0, 0.5, 1
+
+    first, second = build(), build()
+    assert requests(first, 0) == requests(second, 0), (
+        f"{cls.__name__}: two selectors built alike return different indices for the same requests"
+    )
+    first.update([], [])
+    for selector in (first, second):
+        feed(selector, selector.indices(0, 4))
+    assert requests(first, 5) == requests(second, 5), (
+        f"{cls.__name__}: equal feedback leaves two selectors built alike in different states"
+    )
+    state = first.state_dict()
+    assert isinstance(state, dict), f"{cls.__name__}.state_dict must return a dict, got {type(state)}"
+    try:
+        restored = json.loads(json.dumps(state))
+    except (TypeError, ValueError) as exc:
+        raise AssertionError(
+            f"{cls.__name__}.state_dict() must be JSON-serialisable (it is saved in explorer_state.json): {exc}"
+        ) from exc
+    resumed = build()
+    resumed.load_state_dict(restored)
+    expected = requests(first, 40)
+    assert requests(resumed, 40) == expected, (
+        f"{cls.__name__}: a selector restored from state_dict() continues with other indices"
+    )
+
+
 #: The conformance check of every component kind (a test keeps it equal to ``trinity.plugins.KINDS``:
 #: a new hook kind is not done until it has a check here).
 CHECKS: dict[str, Callable[..., None]] = {
@@ -347,6 +426,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     "algorithm_type": check_algorithm_type,
     "reward_fn": check_reward_fn,
     "workflow": check_workflow,
+    "selector": check_selector,
 }
 
 

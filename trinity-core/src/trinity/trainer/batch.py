@@ -45,6 +45,9 @@ class TrainBatch(TypedDict, total=False):
         torch.Tensor
     )  # (B, T) float: only when every experience has them; after the KL penalty
     group_ids: torch.Tensor  # (B,) long: equal ids = rollouts of one task
+    trajectory_ids: torch.Tensor  # (B,) long: equal ids = the steps (turns) of one episode
+    step_ids: torch.Tensor  # (B,) long: the turn index within the episode (eid.step)
+    teacher_logprobs: torch.Tensor  # (B, T) float: only when every experience has them
     expert_mask: torch.Tensor  # (B,) bool: info["is_expert"]
     model_versions: torch.Tensor  # (B,) long
     info: list[dict[str, Any]]  # one dict per row
@@ -54,6 +57,7 @@ class TrainBatch(TypedDict, total=False):
     ref_logprob: torch.Tensor  # (B, T) reference model
     values: torch.Tensor  # (B, T) critic
     old_logprob: torch.Tensor  # (B, T) recomputed, or the rollout's with trainer.use_rollout_logprobs
+    old_entropy: torch.Tensor  # (B, T) the policy's entropy before the update (when an advantage needs it)
     token_level_scores: torch.Tensor  # (B, T) rewards before the KL penalty
     advantages: torch.Tensor  # (B, T)
     returns: torch.Tensor  # (B, T)
@@ -90,7 +94,8 @@ def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> TrainBa
     ``response_mask (B, T)`` (real response tokens), ``action_mask (B, T)`` (the experience's
     ``action_mask`` or the response mask), ``rollout_logprobs (B, T)`` (zeros where the explorer
     gave none), ``has_rollout_logprobs`` (whether every experience gave them), ``rewards (B,)``, ``token_level_rewards (B, T)`` (only when every experience has
-    one), ``group_ids (B,)``, ``expert_mask (B,)`` (from ``info["is_expert"]``),
+    one), ``teacher_logprobs (B, T)`` (likewise), ``group_ids (B,)`` (task), ``trajectory_ids (B,)``
+    (episode: task and run) and ``step_ids (B,)`` (turn), ``expert_mask (B,)`` (from ``info["is_expert"]``),
     ``model_versions (B,)``, ``info`` (one dict per row), ``prompt_length`` ``P`` and
     ``response_length`` ``T`` (ints).
     """
@@ -110,6 +115,8 @@ def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> TrainBa
     rollout_logprobs = torch.zeros((n, response_len), dtype=torch.float32)
     has_token_rewards = all(e.token_level_reward is not None for e, _, _ in rows) and not is_dpo
     token_level_rewards = torch.zeros((n, response_len), dtype=torch.float32) if has_token_rewards else None
+    has_teacher = all(e.teacher_logprobs is not None for e, _, _ in rows) and not is_dpo
+    teacher_logprobs = torch.zeros((n, response_len), dtype=torch.float32) if has_teacher else None
 
     for i, (exp, prompt, response) in enumerate(rows):
         p, r = len(prompt), len(response)
@@ -126,11 +133,17 @@ def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> TrainBa
             rollout_logprobs[i, :r] = exp.logprobs.to(torch.float32)
         if token_level_rewards is not None:
             token_level_rewards[i, :r] = exp.token_level_reward.to(torch.float32)
+        if teacher_logprobs is not None:
+            teacher_logprobs[i, :r] = exp.teacher_logprobs.to(torch.float32)
 
     row_exps = [e for e, _, _ in rows]
     group_ids = group_ids_of(experiences)
+    trajectory_ids = _ids([(e.eid.batch, e.eid.task, e.eid.run) for e in experiences])
+    step_ids = torch.tensor([int(e.eid.step) for e in experiences], dtype=torch.long)
     if is_dpo:
         group_ids = group_ids.repeat_interleave(2)
+        trajectory_ids = trajectory_ids.repeat_interleave(2)
+        step_ids = step_ids.repeat_interleave(2)
     batch: TrainBatch = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
@@ -141,6 +154,8 @@ def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> TrainBa
         "has_rollout_logprobs": not is_dpo and all(e.logprobs is not None for e, _, _ in rows),
         "rewards": torch.tensor([float(e.reward or 0.0) for e in row_exps], dtype=torch.float32),
         "group_ids": group_ids,
+        "trajectory_ids": trajectory_ids,
+        "step_ids": step_ids,
         "expert_mask": torch.tensor([bool(e.info.get("is_expert", False)) for e in row_exps]),
         "model_versions": torch.tensor([int(e.model_version) for e in row_exps], dtype=torch.long),
         "info": [dict(e.info) for e in row_exps],
@@ -149,7 +164,15 @@ def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> TrainBa
     }
     if token_level_rewards is not None:
         batch["token_level_rewards"] = token_level_rewards
+    if teacher_logprobs is not None:
+        batch["teacher_logprobs"] = teacher_logprobs
     return batch
+
+
+def _ids(keys: list[Any]) -> torch.Tensor:
+    """Long tensor ``(B,)``: equal ids for equal keys, numbered in order of first appearance."""
+    ids: dict[Any, int] = {}
+    return torch.tensor([ids.setdefault(k, len(ids)) for k in keys], dtype=torch.long)
 
 
 def select_rows(batch: TrainBatch, index: torch.Tensor | list[int]) -> TrainBatch:

@@ -144,6 +144,13 @@ class AlgorithmComponents:
             raise ValueError(
                 f"algorithm type {name!r} uses an advantage but algorithm.advantage_fn is not set"
             )
+        adv = self.advantage_fn
+        if self.uses_kl_penalty and adv is not None and not getattr(adv, "reads_token_level_rewards", True):
+            raise ValueError(
+                f"{self.describe('kl_penalty_fn')} would have no effect: {self.describe('advantage_fn')} "
+                "reads the scalar reward, not the token-level rewards the penalty is applied to; "
+                "use its veRL form (e.g. grpo_verl) or set kl_penalty_fn: none"
+            )
         users = self._ref_users()
         if users and not algo.use_reference:
             raise MissingInputError(
@@ -179,10 +186,29 @@ class AlgorithmComponents:
         """Tensors the policy loss declares without a default: it cannot run without them."""
         return _required_params(self.policy_loss_fn)
 
+    @property
+    def advantage_inputs(self) -> tuple[str, ...]:
+        """Tensors the advantage function needs computed before it runs
+        (:attr:`~trinity.algorithm.AdvantageFn.required_inputs`); empty when none is called."""
+        use = self.algorithm_type.use_advantage if self.algorithm_type is not None else True
+        if not use or self.advantage_fn is None:
+            return ()
+        return tuple(getattr(self.advantage_fn, "required_inputs", ()) or ())
+
+    @property
+    def pre_update_inputs(self) -> tuple[str, ...]:
+        """What the back-end computes with the policy *before* the advantage, of
+        ``old_logprob``, ``old_entropy`` and ``old_nec`` (normally ``old_logprob`` comes for free from the first
+        epoch of the update; an advantage that reads it, or the policy's entropy, needs a
+        forward pass first)."""
+        return tuple(n for n in ("old_logprob", "old_entropy", "old_nec") if n in self.advantage_inputs)
+
     def _ref_users(self) -> list[str]:
         users = []
         if "ref_logprob" in self.policy_inputs:
             users.append(self.describe("policy_loss_fn"))
+        if "ref_logprob" in self.advantage_inputs:
+            users.append(self.describe("advantage_fn"))
         if self.uses_kl_loss:
             users.append(self.describe("kl_loss_fn"))
         if self.uses_kl_penalty:
@@ -210,6 +236,8 @@ class AlgorithmComponents:
         users = []
         if "old_logprob" in self.policy_inputs:
             users.append(self.describe("policy_loss_fn"))
+        if "old_logprob" in self.advantage_inputs:
+            users.append(self.describe("advantage_fn"))
         if self.uses_kl_penalty:
             users.append(self.describe("kl_penalty_fn"))
         return users
@@ -250,6 +278,8 @@ class AlgorithmComponents:
             metrics["actor/reward_kl_penalty_coeff"] = kl_metrics.get("kl_coef", 0.0)
         use_advantage = self.algorithm_type.use_advantage if self.algorithm_type is not None else True
         if use_advantage and self.advantage_fn is not None:
+            for name in self.advantage_inputs:
+                self._require(batch, name, "advantage_fn")
             batch, adv_metrics = self.advantage_fn(batch)
             metrics.update({f"advantage/{k}": v for k, v in adv_metrics.items()})
         return batch, metrics
@@ -262,15 +292,22 @@ class AlgorithmComponents:
             )
 
     def actor_loss(
-        self, logprob: torch.Tensor, entropy: torch.Tensor | None, tensors: Mapping[str, Any]
+        self,
+        logprob: torch.Tensor,
+        entropy: torch.Tensor | None,
+        tensors: Mapping[str, Any],
+        global_step: int | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """``policy_loss + kl_loss - entropy_bonus`` for one micro-batch (not scaled).
 
         ``logprob`` / ``entropy`` ``(B, T)`` come from the model being trained (``entropy`` may
         be ``None`` where nothing needs it); ``tensors`` holds the micro-batch under Trinity's
         names (``action_mask``, ``old_logprob``, ``advantages``, ``ref_logprob``, …), all passed
-        to the policy loss by keyword. Null components are skipped. Metric names carry no prefix.
-        Raises :class:`MissingInputError` when a component's tensor is missing.
+        to the policy loss by keyword, with ``global_step`` (the 1-based index of the training
+        step being computed, for schedules such as CHORD's ``mu``) when the back-end gives it.
+        The entropy loss also receives ``expert_mask`` (``mix`` leaves expert rows out). Null
+        components are skipped. Metric names carry no prefix. Raises :class:`MissingInputError`
+        when a component's tensor is missing.
         """
         from trinity.algorithm import masked_mean
 
@@ -290,17 +327,25 @@ class AlgorithmComponents:
         kwargs = dict(tensors)
         if entropy is not None:
             kwargs["entropy"] = entropy
+        if global_step is not None:
+            kwargs["global_step"] = int(global_step)
         loss, policy_metrics = self.policy_loss_fn(logprob, **kwargs)
         metrics = dict(policy_metrics)
         total = loss
         if self.uses_kl_loss:
             kl_loss, km = self.kl_loss_fn.calculate_kl_loss(
-                logprob, tensors["ref_logprob"], mask, self.loss_agg_mode
+                logprob,
+                tensors["ref_logprob"],
+                mask,
+                self.loss_agg_mode,
+                old_logprob=tensors.get("old_logprob"),
             )
             total = total + kl_loss
             metrics.update(km)
         if self.uses_entropy_bonus:
-            ent_loss, em = self.entropy_loss_fn(entropy, mask, loss_agg_mode=self.loss_agg_mode)
+            ent_loss, em = self.entropy_loss_fn(
+                entropy, mask, loss_agg_mode=self.loss_agg_mode, expert_mask=tensors.get("expert_mask")
+            )
             total = total - ent_loss
             metrics.update(em)
         if entropy is not None:
@@ -313,6 +358,14 @@ _HINTS = {
     "ref_logprob": " (the reference model's log-probs: the algorithm type must use a reference model)",
     "entropy": " (the back-end computes entropy only when the loss declares it)",
     "old_logprob": " (recomputed by the back-end, or the rollout's with trainer.use_rollout_logprobs)",
+    "teacher_logprobs": (
+        " (a teacher model's log-probs of each response: the workflow records them on "
+        "Experience.teacher_logprobs, e.g. on_policy_distill_workflow with a teacher in "
+        "explorer.auxiliary_models; every experience of the batch needs them)"
+    ),
+    "old_entropy": " (the back-end computes it before the advantage when the advantage declares it)",
+    "old_nec": " (the native trainer computes it before the advantage when the advantage declares it)",
+    "trajectory_ids": " (built from each experience's eid: batch, task and run)",
 }
 
 

@@ -48,6 +48,34 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
+def nec_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """``N = H * sum_v p_v^2 + sum_v p_v^2 log p_v`` per position: the expectation under the
+    policy of ``p (H + log p)`` (the token signal Clip-V centres), which needs the whole
+    distribution, so only a forward pass can give it."""
+    logp = torch.log_softmax(logits, dim=-1)
+    p2 = torch.exp(2 * logp)
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    return entropy * p2.sum(dim=-1) + (p2 * logp).sum(dim=-1)
+
+
+def policy_stats(
+    model: Any, batch: dict[str, Any], names: tuple[str, ...], *, temperature: float = 1.0
+) -> dict[str, torch.Tensor]:
+    """No-grad ``old_logprob`` / ``old_entropy`` / ``old_nec`` ``(B, T)`` (those in ``names``)
+    of the response tokens, from one forward pass."""
+    with torch.no_grad():
+        logits = response_logits(model, batch, temperature)
+        out: dict[str, torch.Tensor] = {}
+        if "old_logprob" in names:
+            p = batch["prompt_length"]
+            out["old_logprob"] = logprobs_from_logits(logits, batch["input_ids"][:, p:])
+        if "old_entropy" in names:
+            out["old_entropy"] = entropy_from_logits(logits)
+        if "old_nec" in names:
+            out["old_nec"] = nec_from_logits(logits)
+    return out
+
+
 def forward_logprobs(
     model: Any,
     batch: dict[str, Any],

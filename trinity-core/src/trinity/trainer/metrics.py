@@ -47,6 +47,10 @@ def step_summary(
     out["perf/total_num_tokens"] = n_tokens
     out["perf/throughput"] = n_tokens / max(timing["timing/step"], 1e-9)
     out["training/global_step"] = float(global_step)
+    # How many episodes the step's experiences came from (fewer than experiences when the
+    # workflow is step-wise: one experience per turn).
+    if "trajectory_ids" in batch:
+        out["training/num_trajectories"] = float(batch["trajectory_ids"].unique().numel())
     return out
 
 

@@ -31,7 +31,7 @@ from trinity.trainer import checkpoint as ckpt
 from trinity.trainer.batch import TrainBatch, build_batch, to_device
 from trinity.trainer.components import AlgorithmComponents
 from trinity.trainer.critic import load_critic, value_loss
-from trinity.trainer.forward import forward_logprobs, forward_values
+from trinity.trainer.forward import forward_logprobs, forward_values, policy_stats
 from trinity.trainer.metrics import MetricAccumulator, step_summary
 from trinity.trainer.micro_batch import make_micro_batches, micro_batch, micro_batch_weights
 from trinity.trainer.schedule import build_scheduler
@@ -162,6 +162,22 @@ class NativeTrainer:
             out[torch.as_tensor(rows, device=out.device)] = result.float()
         return out
 
+    @torch.no_grad()
+    def _infer_policy(
+        self, batch: TrainBatch, groups: list[list[int]], names: tuple[str, ...]
+    ) -> dict[str, torch.Tensor]:
+        """The policy's ``old_logprob`` / ``old_entropy`` / ``old_nec`` (those in ``names``)
+        before the update, each ``(B, T)`` float, from one forward pass per micro-batch."""
+        out = {n: torch.zeros_like(batch["action_mask"], dtype=torch.float32) for n in names}
+        for rows in groups:
+            mb = micro_batch(batch, rows)
+            with self._autocast():
+                stats = policy_stats(self.model, mb, names, temperature=self.config.model.temperature)
+            index = torch.as_tensor(rows, device=batch["action_mask"].device)
+            for name, value in stats.items():
+                out[name][index] = value.float()
+        return out
+
     # -- one training step ----------------------------------------------------------------------
 
     def train_step(self, experiences: list[Experience]) -> dict[str, float]:
@@ -185,9 +201,17 @@ class NativeTrainer:
             timing["timing/values"] = time.perf_counter() - tick
         comps = self.components
         from_rollout = self.config.trainer.use_rollout_logprobs and comps.rollout_old_logprob(batch)
-        if not from_rollout and comps.uses_kl_penalty:
+        wanted = set(comps.pre_update_inputs)
+        if from_rollout:
+            wanted.discard("old_logprob")
+        elif comps.uses_kl_penalty:
+            wanted.add("old_logprob")
+        if wanted:
+            # Before the advantage: the KL penalty, or an advantage that reads the policy's own
+            # log-probs / entropy (on-policy distillation, Clip-B/V), needs them now; otherwise
+            # the first epoch of the update provides old_logprob for free.
             tick = time.perf_counter()
-            batch["old_logprob"] = self._infer(self.model, batch, groups)
+            batch.update(self._infer_policy(batch, groups, tuple(sorted(wanted))))
             timing["timing/old_log_prob"] = time.perf_counter() - tick
         self.model.train(was_training)
 
@@ -260,7 +284,9 @@ class NativeTrainer:
         ``actor/``: every tensor of the micro-batch but ``input_ids`` reaches the loss, and ``info``."""
         tensors = {k: v for k, v in mb.items() if isinstance(v, torch.Tensor) and k not in ("input_ids",)}
         tensors["info"] = mb["info"]
-        loss, metrics = self.components.actor_loss(logprob, entropy, tensors)
+        loss, metrics = self.components.actor_loss(
+            logprob, entropy, tensors, global_step=self.global_step + 1
+        )
         return loss, {f"actor/{k}": v for k, v in metrics.items()}
 
     def _update_critic(self, batch: TrainBatch, groups: list[list[int]]) -> dict[str, float]:

@@ -83,6 +83,13 @@ class Trainer:
         # Explorer steps that make one training batch (1 when train_batch_size is the default).
         per_explore_step = max(1, config.buffer.batch_size * config.algorithm.repeat_times)
         self.explore_steps_per_batch = config.buffer.train_batch_size / per_explore_step
+        algo_cls = get_component("algorithm_type", algo.algorithm_type)
+        self.step_wise = bool(getattr(algo_cls, "step_wise", False))
+        if self.step_wise:
+            # A rollout makes a variable number of experiences (one per turn): each training
+            # step takes one explorer step, and train_batch_size only bounds it.
+            self.explore_steps_per_batch = 1.0
+        self._warned_split = False
         self.last_saved_step = -1
         if config.continue_from_checkpoint:
             extra = self.backend.load_checkpoint()
@@ -130,6 +137,17 @@ class Trainer:
                 len(experiences),
                 wanted,
                 reader.short_reason or "short sample",
+            )
+        if self.step_wise and len(experiences) >= wanted and not self._warned_split:
+            self._warned_split = True
+            logger.warning(
+                "trainer step %d: read buffer.train_batch_size (%d) experiences before explorer "
+                "step %d ended, so its episodes may be split across training steps; for step-wise "
+                "algorithms set train_batch_size to an upper bound (batch_size x repeat_times x "
+                "the most turns of an episode)",
+                next_step,
+                wanted,
+                next_step,
             )
         metrics = dict(self.backend.train_step(experiences))
         metrics.update({f"sample/{k}" if "/" not in k else k: v for k, v in sample_metrics.items()})

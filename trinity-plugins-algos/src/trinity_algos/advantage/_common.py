@@ -39,8 +39,18 @@ def output_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
     return torch.float32
 
 
+def scalar_rewards(batch: Batch, who: str) -> torch.Tensor:
+    """The scalar ``rewards (B,)`` as float64, ignoring ``token_level_rewards``.
+
+    The grouped forms (``grpo``, ``opmd``, ``asymre``, ``reinforce``, ``rec``, ``step_wise_grpo``)
+    score a row by ``Experience.reward`` as upstream Trinity-RFT does: it computes them in the
+    explorer, before (and without) any KL penalty on the reward.
+    """
+    return require(batch, "rewards", who).to(torch.float64).reshape(-1)
+
+
 def outcome_scores(batch: Batch, who: str) -> torch.Tensor:
-    """One scalar score per row, float64.
+    """One scalar score per row, float64 (the veRL forms: ``*_verl``, ``rloo``, ``clipb``, ...).
 
     ``token_level_rewards`` (summed over the row, as veRL does) wins when present, because a KL
     penalty applied to the reward lives there; otherwise the scalar ``rewards``.
@@ -99,6 +109,22 @@ def group_logavgexp(scores: torch.Tensor, stats: GroupStats, tau: float) -> torc
         0, stats.inverse, torch.exp(x - peak[stats.inverse])
     )
     return tau * (peak + torch.log(sum_exp) - torch.log(stats.count))
+
+
+def copy_rows(batch: Batch, source: torch.Tensor) -> None:
+    """Overwrite every row ``i`` of ``batch`` with row ``source[i]``, in place.
+
+    Touches each tensor whose first dimension is the batch size and each per-row list (``info``,
+    ``uids``); the batch keeps its size, so a back-end's micro-batch plan made before the
+    advantage stays valid.
+    """
+    n = len(source)
+    index = source.tolist()
+    for key, value in list(batch.items()):
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
+            batch[key] = value[source.to(value.device)]
+        elif isinstance(value, list) and len(value) == n:
+            batch[key] = [dict(value[j]) if isinstance(value[j], dict) else value[j] for j in index]
 
 
 def broadcast(per_row: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

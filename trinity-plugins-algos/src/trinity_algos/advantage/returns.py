@@ -8,9 +8,9 @@ from trinity.algorithm import AdvantageFn, masked_whiten
 from trinity.algorithm.advantage import Batch
 from trinity.lazy import lazy_import
 from trinity_algos.advantage._common import (
-    outcome_scores,
     output_dtype,
     require,
+    scalar_rewards,
     set_outcome_advantages,
     token_level_rewards,
 )
@@ -74,13 +74,20 @@ class PPOAdvantageFn(AdvantageFn):
 
 
 class REINFORCEAdvantageFn(AdvantageFn):
-    """REINFORCE: the outcome reward itself, ``A = r``, on every valid token."""
+    """REINFORCE (Williams, 1992): the scalar reward itself, ``A = r``, on every valid token.
+
+    Upstream's grouped form (``REINFORCEGroupAdvantage``): ``r`` is ``Experience.reward`` (the
+    batch's ``rewards``), not the sum of ``token_level_rewards``; no baseline, no arguments.
+    """
+
+    reads_token_level_rewards = False  # upstream's grouped form: the scalar reward
 
     def __call__(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         require(batch, "action_mask", "reinforce")
         dtype = output_dtype(batch.get("token_level_rewards"), batch.get("rewards"))
-        scores = outcome_scores(batch, "reinforce")
-        return set_outcome_advantages(batch, scores, dtype), {"reward_mean": float(scores.mean())}
+        scores = scalar_rewards(batch, "reinforce")
+        mean = float(scores.mean()) if scores.numel() else 0.0
+        return set_outcome_advantages(batch, scores, dtype), {"reward_mean": mean}
 
 
 class REINFORCEPlusPlusAdvantageFn(AdvantageFn):

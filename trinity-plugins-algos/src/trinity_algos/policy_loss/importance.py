@@ -1,4 +1,5 @@
-"""Policy losses that reshape the importance ratio: GSPO (sequence-level) and CISPO (clipped weight)."""
+"""Policy losses built on the importance ratio: plain importance sampling, GSPO (sequence-level)
+and CISPO (clipped weight)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,37 @@ else:
 
 # GSPO's sequence log-ratio is clamped from above only, as veRL does, to keep exp() finite.
 GSPO_LOG_RATIO_MAX = 10.0
+
+
+class ImportanceSamplingPolicyLossFn(PolicyLossFn):
+    """Plain importance-sampled policy gradient: ``-A * r``, ``r = exp(clamp(logprob - old_logprob, ±20))``.
+
+    No clipping: the surrogate whose gradient ``-A r ∇logprob`` is the unbiased off-policy
+    policy gradient. Trinity-RFT uses it for on-policy distillation (Agarwal et al.,
+    arXiv:2306.13649), where ``A`` is the teacher-minus-student log-probability per token.
+    Metrics: ``pg_loss``, ``ratio/mean``, ``approx_kl``.
+    """
+
+    def __call__(
+        self,
+        logprob: torch.Tensor,
+        old_logprob: torch.Tensor,
+        action_mask: torch.Tensor,
+        advantages: torch.Tensor,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Importance-weighted surrogate over valid tokens."""
+        log_ratio = torch.clamp(logprob - old_logprob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        ratio = torch.exp(log_ratio)
+        loss = aggregate_loss(-advantages * ratio, action_mask, self.loss_agg_mode)
+        with torch.no_grad():
+            mean_ratio = masked_mean(ratio, action_mask)
+            approx_kl = masked_mean(-log_ratio, action_mask)
+        return loss, {
+            "pg_loss": float(loss.detach()),
+            "ratio/mean": float(mean_ratio),
+            "approx_kl": float(approx_kl),
+        }
 
 
 class GSPOPolicyLossFn(PolicyLossFn):
@@ -127,4 +159,4 @@ class CISPOPolicyLossFn(PolicyLossFn):
         }
 
 
-__all__ = ["CISPOPolicyLossFn", "GSPOPolicyLossFn"]
+__all__ = ["CISPOPolicyLossFn", "GSPOPolicyLossFn", "ImportanceSamplingPolicyLossFn"]

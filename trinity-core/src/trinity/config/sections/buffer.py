@@ -10,8 +10,7 @@ from trinity.config.sections.base import F, Section, check_choice, derived, lowe
 
 StorageType = Literal["file", "queue", "sql"]
 PromptType = Literal["messages", "plaintext"]
-SelectorType = Literal["sequential", "shuffle", "random"]
-SchemaType = Literal["experience", "sft", "dpo"]
+SchemaType = Literal["experience", "sft", "dpo", "cpt"]
 # Names of `trinity.buffer.queue.PRIORITY_FNS` (kept here so loading a config imports no buffer code).
 PRIORITY_FNS: tuple[str, ...] = ("linear_decay",)
 
@@ -37,6 +36,7 @@ class FormatConfig(Section):
     reward_fn_key: str = F("", "Column naming a per-row reward function.")
     chosen_key: str = F("chosen", "Column holding the DPO chosen response.")
     rejected_key: str = F("rejected", "Column holding the DPO rejected response.")
+    text_key: str = F("text", "Column holding raw text (continued pre-training, schema `cpt`).")
     enable_concatenated_multi_turn: bool = F(False, "Train on every assistant turn of multi-turn SFT data.")
     chat_template: str | None = F(None, "Chat template for this dataset; defaults to the model's.")
     enable_thinking: bool | None = F(None, "Turn thinking on or off in the chat template.")
@@ -66,18 +66,22 @@ class GenerationConfig(Section):
 class DataSelectorConfig(Section):
     """In which order tasks are read."""
 
-    selector_type: SelectorType = F(
+    selector_type: str = F(
         "sequential",
-        "`sequential` (file order), `shuffle` (reshuffled each epoch) or `random` (with replacement).",
+        "A registered selector: built in, `sequential` (file order), `shuffle` (reshuffled each "
+        "epoch) or `random` (with replacement); `offline_easy2hard` and `difficulty_based` come "
+        "with trinity-plugins-algos. Eval tasksets are always read in file order.",
+        min_length=1,
     )
-    seed: int = F(42, "Seed of `shuffle` and `random`.")
-    feature_keys: list[str] = F([], "Columns used by feature-based selectors.")
-    kwargs: dict[str, Any] = F({}, "Extra selector arguments.")
+    seed: int = F(42, "Seed of the selector's random draws.")
+    feature_keys: list[str] = F([], "Columns the selector reads (e.g. difficulty features).")
+    kwargs: dict[str, Any] = F({}, "Selector arguments (see the selector's documentation).")
 
     @field_validator("selector_type", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
-        return lower_alias(value)
+        # Selector names are lower case; a dotted class path keeps its case.
+        return value.strip() if isinstance(value, str) and "." in value else lower_alias(value)
 
 
 class ReplayBufferConfig(Section):
@@ -170,7 +174,7 @@ class ExperienceBufferConfig(_StorageBase):
         None, "Deprecated alias of `replay_buffer.reuse_cooldown_time`.", ge=0
     )
     schema_type: SchemaType | None = derived(
-        None, "Experience schema (`experience`, `sft`, `dpo`); from the algorithm."
+        None, "Experience schema (`experience`, `sft`, `dpo`, `cpt`); from the algorithm."
     )
     tokenizer_path: str | None = derived(
         None, "Tokenizer for file/SQL datasets; set from `model.model_path`."

@@ -51,6 +51,12 @@ def global_loss_scale(
     """
     if loss_agg_mode == "seq-mean-token-sum-norm":
         return float(dp_size)
+    if loss_agg_mode == "rows":
+        # The loss already is its rows' share of the mini-batch's (``mix`` with batch sizes):
+        # weight by rows, as the native trainer does.
+        if not global_batch_size:
+            return 1.0
+        return float(mask.shape[0]) / float(global_batch_size) * dp_size
     if loss_agg_mode == "token-mean":
         if not batch_num_tokens:
             return 1.0
@@ -92,7 +98,10 @@ class ActorLoss:
 
     @property
     def loss_agg_mode(self) -> str:
-        return self.algorithm.get("loss_agg_mode") or "token-mean"
+        """How micro-batch losses are weighted: the policy loss's own mode (``mix`` with batch
+        sizes weights by rows), else the section's ``loss_agg_mode``."""
+        own = getattr(self.components().policy_loss_fn, "loss_agg_mode", None)
+        return own or self.algorithm.get("loss_agg_mode") or "token-mean"
 
     def components(self) -> AlgorithmComponents:
         """The loss components, built from the names once per process (as the native trainer's)."""
@@ -110,10 +119,14 @@ class ActorLoss:
         return self.components().needs_entropy
 
     def compute(
-        self, logprob: torch.Tensor, entropy: torch.Tensor | None, tensors: dict[str, Any]
+        self,
+        logprob: torch.Tensor,
+        entropy: torch.Tensor | None,
+        tensors: dict[str, Any],
+        global_step: int | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """:meth:`AlgorithmComponents.actor_loss` with this loss's components (no scaling)."""
-        return self.components().actor_loss(logprob, entropy, tensors)
+        return self.components().actor_loss(logprob, entropy, tensors, global_step=global_step)
 
     def __call__(
         self, model_output: dict[str, Any], data: Any, dp_group: Any = None
@@ -133,7 +146,7 @@ class ActorLoss:
         tensors: dict[str, Any] = {VERL_TO_TRINITY[k]: padded[k] for k in token_keys}
         tensors.update({VERL_TO_TRINITY[k]: data[k] for k in keys if k in ROW_KEYS})
         tensors["action_mask"] = tensors["action_mask"].to(logprob.dtype)
-        loss, metrics = self.compute(logprob, entropy, tensors)
+        loss, metrics = self.compute(logprob, entropy, tensors, _non_tensor(data, "global_step"))
         scale = global_loss_scale(
             tensors["action_mask"],
             self.loss_agg_mode,

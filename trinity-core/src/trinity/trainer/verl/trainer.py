@@ -28,7 +28,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from trinity.trainer import checkpoint as ckpt
-from trinity.trainer.components import AlgorithmComponents
+from trinity.trainer.components import AlgorithmComponents, MissingInputError
 from trinity.trainer.verl.config import build_verl_config, total_training_steps
 from trinity.trainer.verl.dataproto import batch_to_dataproto, build_verl_batch, pad_rows
 from trinity.trainer.verl.loss import ActorLoss
@@ -216,12 +216,18 @@ class VerlTrainer:
 
     def _infer(self, batch: TrainBatch, n: int, call: Any, key: str, **meta: Any) -> torch.Tensor:
         """Run a forward-only worker call; returns ``key`` as ``(n, T)`` float tensor."""
+        return self._infer_keys(batch, n, call, (key,), **meta)[key]
+
+    def _infer_keys(
+        self, batch: TrainBatch, n: int, call: Any, keys: tuple[str, ...], **meta: Any
+    ) -> dict[str, torch.Tensor]:
+        """One forward-only worker call; each of ``keys`` as an ``(n, T)`` float tensor."""
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
         td = self._tensordict(batch, compute_loss=False, **meta)
         output = _result(call(td))
-        return no_padding_2_padding(tu.get(output, key), td).float()[:n].cpu()
+        return {k: no_padding_2_padding(tu.get(output, k), td).float()[:n].cpu() for k in keys}
 
     def train_step(self, experiences: list[Experience]) -> dict[str, float]:
         """Train on one batch of experiences; returns metrics with Trinity-RFT names."""
@@ -244,9 +250,21 @@ class VerlTrainer:
             batch["values"] = self._infer(padded, n, self.workers["critic"].infer_batch, "values")
             timing["timing/values"] = time.perf_counter() - tick
         comps = self.components
-        if not (self.config.trainer.use_rollout_logprobs and comps.rollout_old_logprob(batch)):
+        from_rollout = self.config.trainer.use_rollout_logprobs and comps.rollout_old_logprob(batch)
+        if "old_nec" in comps.pre_update_inputs:
+            raise MissingInputError(
+                f"{comps.describe('advantage_fn')} needs 'old_nec' (the expectation of p(H + log p) "
+                "over the vocabulary), which veRL's workers do not compute; use trainer_type: native"
+            )
+        want_entropy = "old_entropy" in comps.pre_update_inputs
+        if not from_rollout or want_entropy:
             tick = time.perf_counter()
-            batch["old_logprob"] = self._infer(padded, n, actor.compute_log_prob, "log_probs", **no_entropy)
+            keys = ("log_probs", "entropy") if want_entropy else ("log_probs",)
+            out = self._infer_keys(padded, n, actor.compute_log_prob, keys, calculate_entropy=want_entropy)
+            if not from_rollout:
+                batch["old_logprob"] = out["log_probs"]
+            if want_entropy:
+                batch["old_entropy"] = out["entropy"]
             timing["timing/old_log_prob"] = time.perf_counter() - tick
 
         tick = time.perf_counter()
@@ -262,6 +280,7 @@ class VerlTrainer:
             "epochs": self.config.trainer.ppo_epochs,
             "seed": self.config.trainer.seed,
             "dataloader_kwargs": {"shuffle": False},
+            "global_step": self.global_step + 1,  # the policy loss's global_step (1-based)
         }
         if self.use_critic:
             tick = time.perf_counter()
