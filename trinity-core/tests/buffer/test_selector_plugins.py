@@ -18,6 +18,7 @@ from trinity.buffer.selector import (
     Selector,
     SequentialSelector,
     ShuffleSelector,
+    make_selector,
 )
 from trinity.buffer.taskset import TasksetError, TasksetReader, TasksetScheduler
 from trinity.config import Config, TasksetConfig, no_effect
@@ -151,15 +152,15 @@ def test_builtins_keep_their_order():
     assert RandomSelector(size, seed=seed).indices(10, 3) == draws
 
 
-def test_the_pre_plugin_constructor_still_works(plugin_manager):
-    legacy = Selector(7, "shuffle", 3)
-    assert isinstance(legacy, Selector) and legacy.selector_type == "shuffle"
-    assert legacy.indices(0, 14) == ShuffleSelector(7, seed=3).indices(0, 14)
-    assert Selector(4).indices(0, 5) == [0, 1, 2, 3, 0]
+def test_make_selector_builds_a_registered_selector_by_name(plugin_manager):
+    built = make_selector("shuffle", 7, seed=3)
+    assert isinstance(built, ShuffleSelector)
+    assert built.indices(0, 14) == ShuffleSelector(7, seed=3).indices(0, 14)
+    assert make_selector("sequential", 4).indices(0, 5) == [0, 1, 2, 3, 0]
     with pytest.raises(ValueError, match="at least one row"):
-        Selector(0, "random")
+        make_selector("random", 0)
     with pytest.raises(UnknownComponentError):
-        Selector(3, "bogus")
+        make_selector("bogus", 3)
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_SELECTORS))

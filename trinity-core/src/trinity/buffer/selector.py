@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from trinity.hookspecs import Register, hookimpl
 
@@ -47,19 +47,8 @@ class Selector:
     Adaptive selectors implement :meth:`update` (fed once per explore step with the observed
     reward of the tasks that finished) and keep what they learn in :meth:`state_dict`, which must
     be JSON-serialisable (it is saved in ``explorer_state.json``) and restored by
-    :meth:`load_state_dict`.
-
-    ``Selector(size, selector_type, seed)`` (instantiating this base class directly) is the
-    pre-plugin form, kept working: it builds the registered selector named ``selector_type``.
+    :meth:`load_state_dict`. :func:`make_selector` builds a registered selector by name.
     """
-
-    #: The built-in selector names (``BUILTIN_SELECTORS``), kept for the pre-plugin API.
-    TYPES: ClassVar[tuple[str, ...]] = ("sequential", "shuffle", "random")
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Selector:
-        if cls is Selector:  # the pre-plugin form: Selector(size, selector_type="sequential", seed=42)
-            return super().__new__(_NamedSelector)
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -203,27 +192,3 @@ def make_selector(
     return build_selector(
         get_component("selector", selector_type), size, seed=seed, features=features, kwargs=kwargs
     )
-
-
-class _NamedSelector(Selector):
-    """What ``Selector(size, selector_type, seed)`` builds: the named selector, delegated to."""
-
-    def __init__(self, size: int, selector_type: str = "sequential", seed: int = 42) -> None:
-        self.selector_type = selector_type
-        self._inner = make_selector(selector_type, size, seed=seed)
-        self.size, self.seed, self.features = self._inner.size, self._inner.seed, {}
-
-    def index(self, position: int) -> int:
-        return self._inner.index(position)
-
-    def indices(self, start: int, count: int) -> list[int]:
-        return self._inner.indices(start, count)
-
-    def update(self, indices: Sequence[int], values: Sequence[float]) -> None:
-        self._inner.update(indices, values)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self._inner.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._inner.load_state_dict(state)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from trinity.buffer.base import BufferExhausted, ReaderBase
 from trinity.buffer.dataset import DatasetError, load_rows
-from trinity.buffer.selector import Selector
+from trinity.buffer.selector import make_selector
 from trinity.buffer.taskset import check_messages
 
 if TYPE_CHECKING:
@@ -251,7 +251,7 @@ class SFTDatasetReader(ReaderBase):
         if not self.samples:
             raise ValueError(f"buffer {self.name!r}: none of the {len(raw)} rows of {config.path} is usable")
         sel = config.data_selector
-        self.selector = Selector(len(self.samples), sel.selector_type, sel.seed)
+        self.selector = make_selector(sel.selector_type, len(self.samples), seed=sel.seed)
         self.total_epochs = config.total_epochs or 1
         self.total_steps = config.total_steps
         self.position = int(config.index or 0)

@@ -225,7 +225,11 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect("log.save_dir", "derived: actor logs always go to `<job_dir>/log`"),
     NoEffect("service.data_juicer", "Data-Juicer is not run by this version"),
     NoEffect("data_processor.task_pipeline", "data pipelines are not run by this version"),
-    NoEffect("data_processor.experience_pipeline", "data pipelines are not run by this version"),
+    NoEffect(
+        "data_processor.experience_pipeline",
+        "data pipelines are not run by this version (task selectors such as difficulty_based get "
+        "pass rates from the explorer directly, without pass_rate_calculator)",
+    ),
 )
 
 _INDEX = re.compile(r"\[[^\]]*\]")
