@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trinity.workflow import Task, Workflow
+from trinity.workflow import Task
 from trinity_math.rewards import AccuracyReward, _require_truth
-from trinity_math.workflows import _as_dict
+from trinity_math.workflows import PromptWorkflow
 
 if TYPE_CHECKING:
     import torch
@@ -37,15 +37,15 @@ QWEN_MATH_SYSTEM_PROMPT = "You are a helpful assistant."
 QWEN_MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-class OnPolicyDistillWorkflow(Workflow):
+class OnPolicyDistillWorkflow(PromptWorkflow):
     """Student samples, teacher (``auxiliary_models[0]``) scores: ``teacher_logprobs``, reward 0.
+
+    Messages as ``simple_workflow``'s (:class:`~trinity_math.workflows.PromptWorkflow`).
 
     ``workflow_args``:
         temperature: temperature of the teacher's log-probs (default 1.0).
     """
 
-    can_reset: ClassVar[bool] = True
-    can_repeat: ClassVar[bool] = True
     is_async: ClassVar[bool] = True
 
     WORKFLOW_ARGS: ClassVar[tuple[str, ...]] = ("temperature",)
@@ -53,30 +53,19 @@ class OnPolicyDistillWorkflow(Workflow):
     workflow_name: ClassVar[str] = "on_policy_distill_workflow"
 
     def __init__(self, *, task: Task, model: Any, auxiliary_models: list[Any] | None = None) -> None:
-        super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
-        if not self.auxiliary_models:
+        if not auxiliary_models:
             raise ValueError(
                 f"{self.workflow_name} needs a teacher model: configure one in explorer.auxiliary_models "
                 "(the first auxiliary model is the teacher)"
             )
-        self.teacher = self.auxiliary_models[0]
-        self.reset(task)
+        self.teacher = auxiliary_models[0]
+        super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
 
-    def reset(self, task: Task) -> None:
-        """Point this instance at ``task`` (the teacher stays)."""
-        self.task = task
-        prompt = task.task_desc
-        if prompt is None:
-            raise ValueError(
-                f"{self.workflow_name}: task {task.index} of taskset {task.taskset_name!r} has no prompt column "
-                f"{task.format_args.prompt_key!r} (columns: {sorted(task.raw_task)}); set the taskset's "
-                "`format.prompt_key`"
-            )
-        self.task_desc = prompt
-        self.truth = task.truth
-        self.system_prompt = task.format_args.system_prompt
-        self.reply_prefix = task.format_args.reply_prefix
-        workflow_args = dict(task.workflow_args or {})
+    @property
+    def display_name(self) -> str:
+        return self.workflow_name
+
+    def _configure(self, workflow_args: dict[str, Any]) -> None:
         unknown = sorted(set(workflow_args) - set(self.WORKFLOW_ARGS))
         if unknown:
             raise ValueError(
@@ -87,23 +76,6 @@ class OnPolicyDistillWorkflow(Workflow):
             raise ValueError(
                 f"{self.workflow_name}: workflow_args.temperature must be > 0, got {self.temperature}"
             )
-
-    @property
-    def rollout_args(self) -> dict[str, Any]:
-        """The taskset's ``rollout_args`` that are set, with ``n = repeat_times``."""
-        args = {k: v for k, v in _as_dict(self.task.rollout_args).items() if v is not None}
-        args["n"] = self.repeat_times
-        return args
-
-    def format_messages(self) -> list[dict[str, str]]:
-        """System prompt (if any), the prompt as the user turn, reply prefix (if any)."""
-        messages = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": self.task_desc})
-        if self.reply_prefix:
-            messages.append({"role": "assistant", "content": self.reply_prefix})
-        return messages
 
     def compute_reward(self, response: Experience) -> float:
         """The reward of one response (0.0 here: the teacher's log-probs are the signal)."""
@@ -183,20 +155,14 @@ class OnPolicyDistillMathWorkflow(OnPolicyDistillWorkflow):
         self.accuracy = AccuracyReward()
         super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
 
+    default_system_prompt: ClassVar[str | None] = QWEN_MATH_SYSTEM_PROMPT
+
     def reset(self, task: Task) -> None:
         super().reset(task)
         self.truth = _require_truth(self.truth, self.workflow_name)
-        if self.system_prompt is None:
-            self.system_prompt = QWEN_MATH_SYSTEM_PROMPT
 
-    def format_messages(self) -> list[dict[str, str]]:
-        messages = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": f"{self.task_desc}\n{QWEN_MATH_INSTRUCTION}"})
-        if self.reply_prefix:
-            messages.append({"role": "assistant", "content": self.reply_prefix})
-        return messages
+    def user_content(self) -> str:
+        return f"{self.task_desc}\n{QWEN_MATH_INSTRUCTION}"
 
     def compute_reward(self, response: Experience) -> float:
         accuracy = self.accuracy(response.response_text or "", self.truth)["accuracy"]

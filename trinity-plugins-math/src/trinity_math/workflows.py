@@ -49,38 +49,35 @@ def _as_dict(args: Any) -> dict[str, Any]:
     return dict(args)
 
 
-class SimpleWorkflow(Workflow):
-    """Prompt → ``repeat_times`` answers (one ``model.chat(n=...)`` call) → reward each.
-
-    Messages: ``format.system_prompt`` (if any), the task's prompt (``format.prompt_key``) as
-    the user turn, and ``format.reply_prefix`` (if any) as the start of the assistant turn,
-    which the model continues. The reward function is ``task.reward_fn(**reward_fn_args)``
-    called as ``reward_fn(response_text, truth)``.
-    """
+class PromptWorkflow(Workflow):
+    """Reads a chat prompt from the task row: ``format.system_prompt`` (else
+    :attr:`default_system_prompt`), the prompt (``format.prompt_key``) as the user turn
+    (:meth:`user_content`), ``format.reply_prefix`` as the start of the assistant turn, which the
+    model continues. Samples ``repeat_times`` answers in one call (:attr:`rollout_args`).
+    Subclasses read their ``workflow_args`` in :meth:`_configure`."""
 
     can_reset: ClassVar[bool] = True
     can_repeat: ClassVar[bool] = True
-    is_async: ClassVar[bool] = False
 
     #: System prompt used when the taskset's ``format.system_prompt`` is not set.
     default_system_prompt: ClassVar[str | None] = None
-    #: Reward function used when the taskset names none.
-    default_reward_fn: ClassVar[type[RewardFn] | None] = None
-    #: Pass every reward the response's token ids as ``response_token`` (see :meth:`score`).
-    passes_response_token: ClassVar[bool] = False
 
     def __init__(self, *, task: Task, model: Any, auxiliary_models: list[Any] | None = None) -> None:
         super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
-        self._reward_key: tuple[type, str] | None = None
         self.reset(task)
 
+    @property
+    def display_name(self) -> str:
+        """How messages name this workflow."""
+        return type(self).__name__
+
     def reset(self, task: Task) -> None:
-        """Point this instance at ``task``; the reward function is rebuilt only if it changed."""
+        """Point this instance at ``task``."""
         self.task = task
         prompt = task.task_desc
         if prompt is None:
             raise ValueError(
-                f"{type(self).__name__}: task {task.index} of taskset {task.taskset_name!r} has no "
+                f"{self.display_name}: task {task.index} of taskset {task.taskset_name!r} has no "
                 f"prompt column {task.format_args.prompt_key!r} (columns: {sorted(task.raw_task)}); "
                 "set the taskset's `format.prompt_key`"
             )
@@ -94,17 +91,6 @@ class SimpleWorkflow(Workflow):
         self.workflow_args = dict(task.workflow_args or {})
         self._configure(self.workflow_args)
 
-        reward_cls = task.reward_fn or self.default_reward_fn
-        if reward_cls is None:
-            raise ValueError(
-                f"{type(self).__name__} needs a reward function: set the taskset's "
-                "`default_reward_fn_type` (e.g. math_reward, countdown_reward)"
-            )
-        key = (reward_cls, repr(sorted((task.reward_fn_args or {}).items())))
-        if key != self._reward_key:  # reward functions may be costly to build: reuse when equal
-            self.reward_fn: RewardFn = reward_cls(**(task.reward_fn_args or {}))
-            self._reward_key = key
-
     def _configure(self, workflow_args: dict[str, Any]) -> None:
         """Read ``workflow_args`` (subclasses); this workflow has none."""
 
@@ -115,15 +101,52 @@ class SimpleWorkflow(Workflow):
         args["n"] = self.repeat_times
         return args
 
+    def user_content(self) -> str:
+        """The user turn: the task's prompt."""
+        return self.task_desc
+
     def format_messages(self) -> list[dict[str, str]]:
         """The chat sent to the model."""
         messages = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": self.task_desc})
+        messages.append({"role": "user", "content": self.user_content()})
         if self.reply_prefix:
             messages.append({"role": "assistant", "content": self.reply_prefix})
         return messages
+
+
+class SimpleWorkflow(PromptWorkflow):
+    """Prompt → ``repeat_times`` answers (one ``model.chat(n=...)`` call) → reward each.
+
+    Messages as :class:`PromptWorkflow`. The reward function is
+    ``task.reward_fn(**reward_fn_args)`` called as ``reward_fn(response_text, truth)``.
+    """
+
+    is_async: ClassVar[bool] = False
+
+    #: Reward function used when the taskset names none.
+    default_reward_fn: ClassVar[type[RewardFn] | None] = None
+    #: Pass every reward the response's token ids as ``response_token`` (see :meth:`score`).
+    passes_response_token: ClassVar[bool] = False
+
+    def __init__(self, *, task: Task, model: Any, auxiliary_models: list[Any] | None = None) -> None:
+        self._reward_key: tuple[type, str] | None = None
+        super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
+
+    def reset(self, task: Task) -> None:
+        """Point this instance at ``task``; the reward function is rebuilt only if it changed."""
+        super().reset(task)
+        reward_cls = task.reward_fn or self.default_reward_fn
+        if reward_cls is None:
+            raise ValueError(
+                f"{type(self).__name__} needs a reward function: set the taskset's "
+                "`default_reward_fn_type` (e.g. math_reward, countdown_reward)"
+            )
+        key = (reward_cls, repr(sorted((task.reward_fn_args or {}).items())))
+        if key != self._reward_key:  # reward functions may be costly to build: reuse when equal
+            self.reward_fn: RewardFn = reward_cls(**(task.reward_fn_args or {}))
+            self._reward_key = key
 
     def reward_kwargs(self) -> dict[str, Any]:
         """Extra keyword arguments for every reward call (subclasses)."""
