@@ -89,7 +89,9 @@ def test_policy_loss_subclasses_need_no_type_ignore():
         f"{path.relative_to(REPO)}:{i}"
         for path in REPO.glob("trinity-plugins-*/src/**/*.py")
         for i, line in enumerate(path.read_text().splitlines(), 1)
-        if "type: ignore[override]" in line
+        # Component __call__ overrides only: torch.autograd.Function's forward/backward (fused
+        # loss kernels) legitimately narrow torch's own signature.
+        if "type: ignore[override]" in line and "def __call__" in line
     ]
     assert not offenders, f"first-party plugins still silence override errors: {offenders}"
 

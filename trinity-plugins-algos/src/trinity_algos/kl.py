@@ -9,13 +9,15 @@ is the core's :class:`~trinity.algorithm.NoKLFn`.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm import KLFn, aggregate_loss
 
 # ``none`` is the core's null component, registered here under that name (see trinity.algorithm).
 from trinity.algorithm.kl import NoKLFn
+from trinity.algorithm.masked import token_mean_for
 from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -103,9 +105,55 @@ class CorrectedK3KLFn(KLFn):
         old_logprob: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """``kl_coef * agg(r * k3)``; metrics ``kl_loss`` (unweighted) and ``kl_coef``."""
-        kl = self.calculate_kl(logprob, ref_logprob, old_logprob)
-        kl_loss = aggregate_loss(kl, action_mask, loss_agg_mode)
-        return kl_loss * self.kl_coef, {"kl_loss": float(kl_loss.detach()), "kl_coef": self.kl_coef}
+        tm = None
+        if old_logprob is not None:
+            tm = token_mean_for(loss_agg_mode, action_mask, logprob, ref_logprob, old_logprob)
+        if tm is not None:
+            # token-mean: one fused node whose backward replays autograd's arithmetic for the
+            # general path in a few buffers (value and gradient bit for bit the same).
+            kl_loss = _corrected_k3_token_mean().apply(
+                logprob, ref_logprob.detach(), old_logprob.detach(), tm.mask, tm.denominator
+            )
+        else:
+            kl = self.calculate_kl(logprob, ref_logprob, old_logprob)
+            kl_loss = aggregate_loss(kl, action_mask, loss_agg_mode)
+        return kl_loss * self.kl_coef, {"kl_loss": kl_loss.item(), "kl_coef": self.kl_coef}
+
+
+@functools.cache
+def _corrected_k3_token_mean() -> Any:
+    """``token-mean`` of :class:`CorrectedK3KLFn`'s per-token ``r * k3`` as one autograd node.
+
+    Forward: ``sum(r * k3 * mask) / n`` with ``k3 = (exp(log_r) - 1) - log_r``, ``log_r = ref -
+    logprob``, ``r = exp(min(logprob - old, log 2))``. Backward, in autograd's order for that
+    expression: with ``g = mask * grad / n``, ``t = g * r``,
+    ``d logprob = -((t * e) - t) + ((g * k3) * r) * [logprob - old <= log 2]``.
+    """
+    from torch.autograd.function import once_differentiable
+
+    class CorrectedK3TokenMean(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logprob, ref_logprob, old_logprob, mask, denominator):  # type: ignore[override]
+            log_r = ref_logprob - logprob
+            e = torch.exp(log_r)
+            k3 = torch.sub(e, 1.0).sub_(log_r)
+            x = torch.sub(logprob, old_logprob, out=log_r)
+            passed = torch.le(x, CORRECTED_K3_MAX_LOG_RATIO, out=torch.empty_like(x))
+            ratio = x.clamp_(max=CORRECTED_K3_MAX_LOG_RATIO).exp_()
+            ctx.save_for_backward(e, k3, ratio, passed, mask, denominator)
+            return torch.mul(ratio, k3).mul_(mask).sum() / denominator
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, grad):  # type: ignore[override]
+            e, k3, ratio, passed, mask, denominator = ctx.saved_tensors
+            g = torch.mul(mask, grad / denominator)
+            t = g * ratio
+            through_k3 = torch.mul(t, e).sub_(t).neg_()
+            through_ratio = g.mul_(k3).mul_(ratio).mul_(passed)
+            return through_k3.add_(through_ratio), None, None, None, None
+
+    return CorrectedK3TokenMean
 
 
 __all__ = ["AbsKLFn", "CorrectedK3KLFn", "K1KLFn", "K2KLFn", "K3KLFn", "LowVarKLFn", "NoKLFn"]

@@ -12,6 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm import PolicyLossFn, aggregate_loss
+from trinity.algorithm.masked import token_mean_for
 from trinity.lazy import lazy_import
 from trinity_algos.policy_loss.mix import ExpertMixLossFn
 from trinity_algos.policy_loss.sft import SFTLossFn
@@ -48,9 +49,13 @@ class SFTISLossFn(PolicyLossFn):
         self, logprob: torch.Tensor, action_mask: torch.Tensor, **kwargs: Any
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Probability-weighted negative log-likelihood."""
-        weight = torch.exp(logprob.detach())
-        loss = aggregate_loss(-weight * logprob, action_mask, self.loss_agg_mode)
-        return loss, {"sft_is_loss": float(loss.detach())}
+        tm = token_mean_for(self.loss_agg_mode, action_mask, logprob)
+        if tm is not None:
+            loss = tm.weighted(torch.exp(logprob.detach()), logprob, negate=True, overwrite=True)
+        else:
+            weight = torch.exp(logprob.detach())
+            loss = aggregate_loss(-weight * logprob, action_mask, self.loss_agg_mode)
+        return loss, {"sft_is_loss": loss.item()}
 
 
 class SFTPhiLossFn(PolicyLossFn):
@@ -71,13 +76,20 @@ class SFTPhiLossFn(PolicyLossFn):
         self, logprob: torch.Tensor, action_mask: torch.Tensor, **kwargs: Any
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """φ-weighted negative log-likelihood."""
+        tm = token_mean_for(self.loss_agg_mode, action_mask, logprob)
         with torch.no_grad():
             prob = torch.exp(logprob)
-            phi = prob * (1.0 - prob)
+            if tm is not None:
+                weight = torch.rsub(prob, 1.0).mul_(prob)  # p * (1 - p), in one buffer
+            else:
+                phi = prob * (1.0 - prob)
         if self.cutoff_prob < 1.0:
             logprob = torch.clamp(logprob, max=math.log(self.cutoff_prob))
-        loss = aggregate_loss(-phi * logprob, action_mask, self.loss_agg_mode)
-        return loss, {"sft_phi_loss": float(loss.detach())}
+        if tm is not None:
+            loss = tm.weighted(weight, logprob, negate=True, overwrite=True)
+        else:
+            loss = aggregate_loss(-phi * logprob, action_mask, self.loss_agg_mode)
+        return loss, {"sft_phi_loss": loss.item()}
 
 
 class MIXCHORDPolicyLossFn(ExpertMixLossFn):

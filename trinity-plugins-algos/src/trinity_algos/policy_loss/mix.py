@@ -165,19 +165,33 @@ class ExpertMixLossFn(PolicyLossFn):
             raise ValueError(
                 f"policy_loss_fn {self.who!r}: expert_mask has {expert_mask.shape[0]} rows, logprob has {n_rows}"
             )
-        usual = ~expert_mask
         n_expert = int(expert_mask.sum())
         n_usual = n_rows - n_expert
         usual_scale, expert_scale = self._part_scales(n_rows, n_usual, n_expert)
-        zero = logprob.sum() * 0.0  # keeps the graph (and device) when a part is empty
+        usual_rows, expert_rows = _row_parts(expert_mask, n_usual, n_expert)
         metrics: dict[str, float] = {}
-        ppo_loss = sft_loss = zero
+        if not (n_usual and n_expert):
+            zero = logprob.sum() * 0.0  # keeps the graph (and device) when a part is empty
+            ppo_loss = sft_loss = zero
+        if not n_expert:
+            usual_logprob = logprob
+        elif not n_usual:
+            expert_logprob = logprob
+        elif isinstance(usual_rows, slice):
+            # One split node: its backward concatenates the two parts' gradients, where two
+            # views or index selections would each scatter into a zero tensor of the full size.
+            if usual_rows.start == 0:
+                usual_logprob, expert_logprob = torch.split(logprob, [n_usual, n_expert])
+            else:
+                expert_logprob, usual_logprob = torch.split(logprob, [n_expert, n_usual])
+        else:
+            usual_logprob, expert_logprob = logprob[usual_rows], logprob[expert_rows]
         if n_usual:
             ppo_loss, ppo_metrics = ppo_clipped_loss(
-                logprob[usual],
-                old_logprob[usual],
-                action_mask[usual],
-                advantages[usual],
+                usual_logprob,
+                old_logprob[usual_rows],
+                action_mask[usual_rows],
+                advantages[usual_rows],
                 self.clip_range_low,
                 self.clip_range_high,
                 self.clip_ratio_c,
@@ -185,12 +199,28 @@ class ExpertMixLossFn(PolicyLossFn):
             )
             metrics.update({f"usual/{k}": v for k, v in ppo_metrics.items()})
         if n_expert:
-            sft_loss, sft_metrics = self.sft_loss(logprob[expert_mask], action_mask=action_mask[expert_mask])
+            sft_loss, sft_metrics = self.sft_loss(expert_logprob, action_mask=action_mask[expert_rows])
             metrics.update({f"expert/{k}": v for k, v in sft_metrics.items()})
         loss = (1.0 - mu) * usual_scale * ppo_loss + mu * expert_scale * sft_loss
-        metrics["loss"] = float(loss.detach())
+        metrics["loss"] = loss.item()
         metrics["expert_fraction"] = n_expert / n_rows if n_rows else 0.0
         return loss, metrics
+
+
+def _row_parts(expert_mask: torch.Tensor, n_usual: int, n_expert: int) -> tuple[Any, Any]:
+    """Row selectors ``(usual, expert)`` for ``tensor[selector]``: slices (views, no copies) when
+    the expert rows are one block at the end or the start of the batch (how the ``mix`` sample
+    strategy lays them out), else the boolean masks."""
+    n_rows = n_usual + n_expert
+    if n_expert == 0:
+        return slice(0, n_rows), slice(n_rows, n_rows)
+    if n_usual == 0:
+        return slice(0, 0), slice(0, n_rows)
+    if bool(expert_mask[n_usual:].all()):
+        return slice(0, n_usual), slice(n_usual, n_rows)
+    if bool(expert_mask[:n_expert].all()):
+        return slice(n_expert, n_rows), slice(0, n_expert)
+    return ~expert_mask, expert_mask
 
 
 class MIXPolicyLossFn(ExpertMixLossFn):

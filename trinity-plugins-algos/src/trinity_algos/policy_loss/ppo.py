@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm import PolicyLossFn, aggregate_loss, masked_mean
+from trinity.algorithm.masked import token_mean_for
 from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -14,6 +17,36 @@ else:
 
 # exp() of a log-ratio beyond this overflows float32 ratios into inf; veRL clamps at the same bound.
 LOG_RATIO_CLAMP = 20.0
+
+
+def clamp_flagged(x: torch.Tensor, low: float | None = None, high: float | None = None) -> torch.Tensor:
+    """``torch.clamp(x, low, high)`` with the same value and gradient (``grad`` inside the range,
+    0 outside) but a cheaper backward: one product with a 0/1 float flag made in the forward,
+    where autograd's ``where`` on boolean comparisons costs many passes over the tensor."""
+    if not (x.requires_grad and torch.is_grad_enabled()):
+        return torch.clamp(x, low, high)
+    return _clamp_function().apply(x, low, high)
+
+
+@functools.cache
+def _clamp_function() -> Any:
+    from torch.autograd.function import once_differentiable
+
+    class Clamp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, low, high):  # type: ignore[override]
+            out = torch.clamp(x, low, high)
+            # 1 where the clamp passed x through (low <= x <= high); 0 where it clipped (or x is NaN).
+            ctx.save_for_backward(torch.eq(out, x, out=torch.empty_like(x)))
+            return out
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, grad):  # type: ignore[override]
+            (passed,) = ctx.saved_tensors
+            return grad * passed, None, None
+
+    return Clamp
 
 
 def resolve_clip_range(
@@ -40,6 +73,25 @@ def ppo_clipped_loss(
     loss_agg_mode: str,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The PPO loss and its metrics (``pg_loss``, ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``)."""
+    tm = token_mean_for(loss_agg_mode, action_mask, logprob, old_logprob, advantages)
+    if tm is not None:
+        # token-mean: one fused node with the same value and gradient (see _ppo_token_mean). A
+        # NaN loss (NaN inputs) takes the general path, whose backward zeroes the gradient where
+        # the log-ratio is NaN.
+        pg_loss, clip_sum, lower_sum, kl_sum = _ppo_token_mean().apply(
+            logprob, old_logprob, advantages, tm.mask, tm.denominator, clip_low, clip_high, clip_ratio_c
+        )
+        den = tm.denominator
+        value, clipfrac, clipfrac_lower, neg_kl = torch.stack(
+            (pg_loss.detach(), clip_sum / den, lower_sum / den, kl_sum / den)
+        ).tolist()
+        if not math.isnan(value):
+            return pg_loss, {
+                "pg_loss": value,
+                "pg_clipfrac": clipfrac,
+                "pg_clipfrac_lower": clipfrac_lower,
+                "ppo_kl": -neg_kl,
+            }
     log_ratio = torch.clamp(logprob - old_logprob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     loss_unclipped = -advantages * ratio
@@ -57,11 +109,79 @@ def ppo_clipped_loss(
         clipfrac_lower = masked_mean(lower.to(logprob.dtype), action_mask)
         ppo_kl = masked_mean(-log_ratio, action_mask)
     return pg_loss, {
-        "pg_loss": float(pg_loss.detach()),
+        "pg_loss": pg_loss.item(),
         "pg_clipfrac": float(clipfrac),
         "pg_clipfrac_lower": float(clipfrac_lower),
         "ppo_kl": float(ppo_kl),
     }
+
+
+def _share(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
+    """Autograd's share of ``maximum(a, b)``'s gradient that goes to ``a`` (1 if ``a > b``, 1/2 on
+    a tie, 0 if ``a < b``), as ``1 - (le + lt) / 2`` in float buffers."""
+    torch.le(a, b, out=out)
+    return out.add_(torch.lt(a, b, out=tmp)).mul_(-0.5).add_(1.0)
+
+
+@functools.cache
+def _ppo_token_mean() -> Any:
+    """:func:`ppo_clipped_loss` for ``token-mean`` as one autograd node.
+
+    The forward is the general path's arithmetic (``where`` by a 0/1 ``lerp``, which returns one
+    end exactly) plus the metrics' masked sums; it also folds the backward's routing into one
+    factor. Autograd's backward of the general path gives ``d logprob = ((g * -A) * Q) * r`` with
+    ``g = mask * grad / n``, where ``Q`` collects the ``where``/``maximum``/``minimum``/``clamp``
+    routing: the share of the (dual-)clip branch that reaches ``r`` (1, 1/2 or 1/4 on ties, as
+    autograd splits them, else 0), times the ±20 clamp's pass-through flag. ``Q`` is a power of
+    two or 0, so ``(g * -A) * (Q * r)`` rounds exactly as autograd's chain; the backward is two
+    products in the gradient's buffer instead of about twenty tensors and ten ``where`` passes.
+    """
+    from torch.autograd.function import once_differentiable
+
+    class PPOTokenMean(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logprob, old_logprob, advantages, mask, denominator, clip_low, clip_high, clip_c):  # type: ignore[override]
+            x = logprob - old_logprob
+            log_ratio = torch.clamp(x, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+            passed = torch.eq(log_ratio, x, out=x)  # the ±20 clamp's pass-through flag
+            scratch = torch.empty_like(x)
+            kl_sum = torch.mul(log_ratio, mask, out=scratch).sum()
+            ratio = log_ratio.exp_()
+            neg_adv = torch.neg(advantages)
+            unclipped = neg_adv * ratio
+            clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+            band = torch.eq(clipped, ratio, out=torch.empty_like(x))  # the ratio clamp's flag
+            clipped.mul_(neg_adv)
+            clip_sum = torch.gt(clipped, unclipped, out=scratch).mul_(mask).sum()
+            tmp = torch.empty_like(x)
+            # Reaching ratio through maximum(unclipped, clipped): all of it if the clamp passed
+            # ratio through, else the unclipped branch's share.
+            route = torch.maximum(_share(unclipped, clipped, scratch, tmp), band, out=band)
+            loss_max = torch.maximum(unclipped, clipped, out=unclipped)
+            cap = torch.mul(neg_adv, clip_c, out=clipped)
+            negative = torch.lt(advantages, 0.0, out=tmp)
+            above = torch.gt(loss_max, cap, out=scratch)
+            # Where A < 0, minimum(cap, loss_max) passes loss_max's share: 1 below the cap,
+            # 1/2 on it, 0 above: 1 - (ge + gt) / 2; where A >= 0, all of it.
+            capped = torch.ge(loss_max, cap, out=passed.new_empty(passed.shape)).add_(above)
+            capped.mul_(negative).mul_(-0.5).add_(1.0)
+            lower_sum = above.mul_(negative).mul_(mask).sum()
+            factor = capped.mul_(route).mul_(passed).mul_(ratio)
+            dual = torch.minimum(cap, loss_max, out=cap)
+            pg_losses = torch.lerp(loss_max, dual, negative, out=loss_max)
+            loss = pg_losses.mul_(mask).sum() / denominator
+            ctx.save_for_backward(neg_adv, factor, mask, denominator)
+            ctx.mark_non_differentiable(clip_sum, lower_sum, kl_sum)
+            return loss, clip_sum, lower_sum, kl_sum
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, grad, *_):  # type: ignore[override]
+            neg_adv, factor, mask, denominator = ctx.saved_tensors
+            grad_logprob = torch.mul(mask, grad / denominator).mul_(neg_adv).mul_(factor)
+            return grad_logprob, None, None, None, None, None, None, None
+
+    return PPOTokenMean
 
 
 class PPOPolicyLossFn(PolicyLossFn):
@@ -110,4 +230,4 @@ class PPOPolicyLossFn(PolicyLossFn):
         )
 
 
-__all__ = ["PPOPolicyLossFn", "ppo_clipped_loss", "resolve_clip_range"]
+__all__ = ["PPOPolicyLossFn", "clamp_flagged", "ppo_clipped_loss", "resolve_clip_range"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm import PolicyLossFn, aggregate_loss, masked_mean
+from trinity.algorithm.masked import TokenMean, token_mean_for
 from trinity.lazy import lazy_import
 from trinity_algos.policy_loss.ppo import LOG_RATIO_CLAMP
 
@@ -118,6 +119,77 @@ class RECPolicyLossFn(PolicyLossFn):
             return band | far_low | far_high
         return torch.ones_like(ratio, dtype=torch.bool)
 
+    def _keep_float(self, ratio: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor | None:
+        """:meth:`_keep` as a 0/1 float tensor for the token-level clip modes (``None`` for
+        ``none``: keep everything), from comparisons written straight into float buffers and
+        ``and`` / ``or`` as product / maximum; the same values as ``_keep(...).float()``."""
+        if self.clip_mode == "none":
+            return None
+
+        def flag(op: Any, a: torch.Tensor, b: float) -> torch.Tensor:
+            return op(a, b, out=torch.empty_like(a))
+
+        low, high = 1.0 - self.epsilon_low, 1.0 + self.epsilon_high
+        if self.clip_mode == "two-side":
+            return flag(torch.ge, ratio, low).mul_(flag(torch.le, ratio, high))
+        if self.clip_mode == "one-side":
+            upper = flag(torch.ge, advantages, 0.0).mul_(flag(torch.le, ratio, high))
+            lower = flag(torch.le, advantages, 0.0).mul_(flag(torch.ge, ratio, low))
+            return torch.maximum(upper, lower, out=upper)
+        # ring
+        keep = flag(torch.ge, ratio, low).mul_(flag(torch.le, ratio, high))
+        far_low = flag(torch.ge, advantages, 0.0).mul_(flag(torch.le, ratio, 1.0 - self.epsilon_low_prime))
+        far_high = flag(torch.le, advantages, 0.0).mul_(flag(torch.ge, ratio, 1.0 + self.epsilon_high_prime))
+        return torch.maximum(torch.maximum(keep, far_low, out=keep), far_high, out=keep)
+
+    def _token_mean_call(
+        self,
+        tm: TokenMean,
+        logprob: torch.Tensor,
+        old_logprob: torch.Tensor,
+        advantages: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``token-mean`` with token-level clipping and weights: the general path's arithmetic on
+        float indicators, one mask count, and the constant per-token factors folded into the
+        mask. Returns the loss, clip fraction and ``ppo_kl``."""
+        with torch.no_grad():
+            log_ratio = logprob.detach() - old_logprob
+            ratio = torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp_()
+            keep = self._keep_float(ratio, advantages)
+            if keep is None:
+                clipfrac = torch.zeros_like(tm.denominator) / tm.denominator
+            else:
+                clipfrac = tm.mean(torch.mul(keep, -1.0, out=tm.scratch()).add_(1.0))  # 1 - keep
+            ppo_kl = tm.neg_mean(log_ratio)
+            if self.weight == "importance_sampling":
+                weighted = ratio.mul_(advantages)
+            elif self.weight == "truncated_importance_sampling":
+                weighted = ratio.clamp_(1.0 - self.epsilon_low_prime, 1.0 + self.epsilon_high_prime)
+                weighted = weighted.mul_(advantages)
+            elif self.weight == "advantage":
+                weighted = torch.div(advantages, self.temp).exp_().mul_(advantages)
+            else:
+                weighted = advantages
+            if self.fix_opd_advantage:
+                weighted = torch.sub(weighted, log_ratio, out=log_ratio)
+            # -weighted * logprob * keep * mask == logprob * -(weighted * keep * mask) for a 0/1
+            # keep and mask.
+            if keep is not None:
+                weighted = keep.mul_(weighted)
+            elif weighted is advantages:
+                weighted = advantages.detach().clone()
+        if self.regularizer == "none":
+            return tm.weighted(weighted, logprob, negate=True, overwrite=True), clipfrac, ppo_kl
+        with torch.no_grad():
+            factor = weighted.mul_(tm.mask).neg_()
+            coef = tm.mask * self.regularizer_coef
+        pg_losses = logprob * factor
+        if self.regularizer == "forward-kl":
+            pg_losses = pg_losses - logprob * coef
+        else:  # k2
+            pg_losses = pg_losses + (logprob - old_logprob).square() * coef
+        return pg_losses.sum() / tm.denominator, clipfrac, ppo_kl
+
     def __call__(
         self,
         logprob: torch.Tensor,
@@ -127,6 +199,16 @@ class RECPolicyLossFn(PolicyLossFn):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """REC loss over valid tokens."""
+        tm = None
+        if self.clip_mode != "gspo-one-side" and self.weight != "gspo_importance_sampling":
+            tm = token_mean_for(self.loss_agg_mode, action_mask, logprob, old_logprob, advantages)
+        if tm is not None:
+            loss, clipfrac, ppo_kl = self._token_mean_call(tm, logprob, old_logprob, advantages)
+            return loss, {
+                "pg_loss": loss.item(),
+                "pg_clipfrac": float(clipfrac),
+                "ppo_kl": float(ppo_kl),
+            }
         with torch.no_grad():
             log_ratio = logprob - old_logprob
             ratio = torch.exp(torch.clamp(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -160,7 +242,7 @@ class RECPolicyLossFn(PolicyLossFn):
             clipfrac = masked_mean((~keep).to(logprob.dtype), action_mask)
             ppo_kl = masked_mean(-log_ratio, action_mask)
         return loss, {
-            "pg_loss": float(loss.detach()),
+            "pg_loss": loss.item(),
             "pg_clipfrac": float(clipfrac),
             "ppo_kl": float(ppo_kl),
         }

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm import PolicyLossFn, aggregate_loss, masked_mean
+from trinity.algorithm.masked import token_mean_for
 from trinity.lazy import lazy_import
-from trinity_algos.policy_loss.ppo import LOG_RATIO_CLAMP
+from trinity_algos.policy_loss.ppo import LOG_RATIO_CLAMP, clamp_flagged
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +53,38 @@ class SAPOPolicyLossFn(PolicyLossFn):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Soft-gated surrogate over valid tokens."""
+        tm = token_mean_for(self.loss_agg_mode, action_mask, logprob, old_logprob, advantages)
+        if tm is None:
+            return self._general(logprob, old_logprob, action_mask, advantages)
+        # token-mean: the general path's arithmetic with a cheaper clamp backward, tau picked by a
+        # float flag instead of ``where``, one mask count, and -A folded into the mask.
+        log_ratio = clamp_flagged(logprob - old_logprob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        ratio = torch.exp(log_ratio)
+        with torch.no_grad():
+            positive = torch.gt(advantages, 0.0, out=torch.empty_like(advantages))
+            pos_frac = tm.mean(positive)
+            # lerp with a 0/1 weight returns exactly one end: tau_neg where A <= 0, tau_pos where A > 0.
+            tau = torch.lerp(ratio.new_tensor(self.tau_neg), ratio.new_tensor(self.tau_pos), positive)
+            scale = torch.reciprocal(tau).mul_(4.0)  # 4.0 / tau, as Tensor.__rtruediv__ computes it
+        gate = torch.sigmoid(tau * (ratio - 1.0)) * scale
+        loss = tm.weighted(advantages, gate, negate=True)
+        with torch.no_grad():
+            ppo_kl = tm.neg_mean(log_ratio.detach())
+            avg_gate = tm.mean(gate.detach())
+            avg_ratio = tm.mean(ratio.detach())
+        values = torch.stack((loss.detach(), ppo_kl, avg_gate, avg_ratio, pos_frac)).tolist()
+        if math.isnan(values[0]):  # NaN inputs: the general path's clamp backward zeroes NaN tokens
+            return self._general(logprob, old_logprob, action_mask, advantages)
+        names = ("sapo_loss", "ppo_kl", "avg_soft_gate", "avg_ratio", "pos_adv_frac")
+        return loss, dict(zip(names, values))
+
+    def _general(
+        self,
+        logprob: torch.Tensor,
+        old_logprob: torch.Tensor,
+        action_mask: torch.Tensor,
+        advantages: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         log_ratio = torch.clamp(logprob - old_logprob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         ratio = torch.exp(log_ratio)
         tau = torch.where(
@@ -64,7 +98,7 @@ class SAPOPolicyLossFn(PolicyLossFn):
             avg_ratio = masked_mean(ratio, action_mask)
             pos_frac = masked_mean((advantages > 0).to(logprob.dtype), action_mask)
         return loss, {
-            "sapo_loss": float(loss.detach()),
+            "sapo_loss": loss.item(),
             "ppo_kl": float(ppo_kl),
             "avg_soft_gate": float(avg_gate),
             "avg_ratio": float(avg_ratio),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm import PolicyLossFn, aggregate_loss
+from trinity.algorithm.masked import token_mean_for
 
 if TYPE_CHECKING:
     import torch
@@ -17,8 +18,12 @@ class SFTLossFn(PolicyLossFn):
         self, logprob: torch.Tensor, action_mask: torch.Tensor, **kwargs: Any
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Negative log-likelihood of the response tokens."""
-        loss = aggregate_loss(-logprob, action_mask, self.loss_agg_mode)
-        return loss, {"sft_loss": float(loss.detach())}
+        tm = token_mean_for(self.loss_agg_mode, action_mask, logprob)
+        if tm is not None:
+            loss = tm.neg_loss(logprob)
+        else:
+            loss = aggregate_loss(-logprob, action_mask, self.loss_agg_mode)
+        return loss, {"sft_loss": loss.item()}
 
 
 class OPMDPolicyLossFn(PolicyLossFn):
@@ -40,8 +45,12 @@ class OPMDPolicyLossFn(PolicyLossFn):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Advantage-weighted negative log-likelihood, scaled by ``1 / (1 + tau)``."""
-        loss = aggregate_loss(-advantages * logprob, action_mask, self.loss_agg_mode) / (1.0 + self.tau)
-        return loss, {"opmd_loss": float(loss.detach())}
+        tm = token_mean_for(self.loss_agg_mode, action_mask, logprob, advantages)
+        if tm is not None:
+            loss = tm.weighted(advantages, logprob, negate=True) / (1.0 + self.tau)
+        else:
+            loss = aggregate_loss(-advantages * logprob, action_mask, self.loss_agg_mode) / (1.0 + self.tau)
+        return loss, {"opmd_loss": loss.item()}
 
 
 __all__ = ["OPMDPolicyLossFn", "SFTLossFn"]

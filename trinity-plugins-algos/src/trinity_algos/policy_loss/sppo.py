@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm import PolicyLossFn, aggregate_loss, masked_mean
+from trinity.algorithm.masked import token_mean_for
 from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -38,17 +39,31 @@ class SPPOPolicyLossFn(PolicyLossFn):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Masked log-ratio surrogate."""
+        low, high = 1.0 / (1.0 + self.epsilon), 1.0 + self.epsilon
+        tm = token_mean_for(self.loss_agg_mode, action_mask, logprob, old_logprob, advantages)
         log_ratio = logprob - old_logprob
-        with torch.no_grad():
-            ratio = torch.exp(log_ratio)
-            inside = (ratio >= 1.0 / (1.0 + self.epsilon)) & (ratio <= 1.0 + self.epsilon)
-        pg_losses = -advantages * log_ratio * inside.to(logprob.dtype)
-        loss = aggregate_loss(pg_losses, action_mask, self.loss_agg_mode)
-        with torch.no_grad():
-            clipfrac = masked_mean((~inside).to(logprob.dtype), action_mask)
-            ppo_kl = masked_mean(-log_ratio, action_mask)
+        if tm is not None:
+            # token-mean: the same arithmetic on float indicators (comparisons written straight
+            # into float buffers), one mask count, and -A * inside folded into the mask.
+            with torch.no_grad():
+                ratio = torch.exp(log_ratio.detach())
+                inside = torch.ge(ratio, low, out=torch.empty_like(ratio)).mul_(ratio.le_(high))
+                outside = torch.mul(inside, -1.0, out=ratio).add_(1.0)  # 1 - inside
+                clipfrac = tm.mean(outside)
+                ppo_kl = tm.neg_mean(log_ratio.detach())
+                weight = inside.mul_(advantages)
+            loss = tm.weighted(weight, log_ratio, negate=True, overwrite=True)
+        else:
+            with torch.no_grad():
+                ratio = torch.exp(log_ratio)
+                inside = (ratio >= low) & (ratio <= high)
+            pg_losses = -advantages * log_ratio * inside.to(logprob.dtype)
+            loss = aggregate_loss(pg_losses, action_mask, self.loss_agg_mode)
+            with torch.no_grad():
+                clipfrac = masked_mean((~inside).to(logprob.dtype), action_mask)
+                ppo_kl = masked_mean(-log_ratio, action_mask)
         return loss, {
-            "pg_loss": float(loss.detach()),
+            "pg_loss": loss.item(),
             "pg_clipfrac": float(clipfrac),
             "ppo_kl": float(ppo_kl),
         }
