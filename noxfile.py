@@ -17,7 +17,13 @@ nox.options.sessions = ["tests"]
 
 PYTHON = "3.11"
 TORCH_SPEC = os.environ.get("TRINITY_TORCH_SPEC", "torch==2.13.0")
-PACKAGES = ["trinity-core", "trinity-plugins-algos", "trinity-plugins-math", "trinity-plugins-webshop"]
+PACKAGES = [
+    "trinity-core",
+    "trinity-plugins-algos",
+    "trinity-plugins-math",
+    "trinity-plugins-webshop",
+    "trinity-plugins-agents",
+]
 
 
 def install_trinity(session: nox.Session, extras: str = "dev") -> None:

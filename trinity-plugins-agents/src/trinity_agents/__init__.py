@@ -1,0 +1,41 @@
+"""Agentic workflows for Trinity: tool calling, FrozenLake, and a multi-turn base class.
+
+Public API (imported lazily, so ``import trinity_agents`` stays cheap):
+
+- :class:`MultiTurnWorkflow`, :class:`StepResult`, :class:`Episode`, :class:`Turn` — the base
+  class for multi-turn (agentic) workflows (:mod:`trinity_agents.multi_turn`).
+- :class:`ToolCallWorkflow` (``toolcall_workflow``), :func:`score_tool_calls`,
+  :func:`toolcall_reward` (:mod:`trinity_agents.toolcall`).
+- :class:`FrozenLakeWorkflow` (``frozen_lake_workflow``), :func:`generate_random_map`
+  (:mod:`trinity_agents.frozen_lake`).
+- :class:`ScriptedEngine`, :func:`scripted_model` — a policy-driven engine for tests
+  (:mod:`trinity_agents.scripted`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "MultiTurnWorkflow": "trinity_agents.multi_turn",
+    "StepResult": "trinity_agents.multi_turn",
+    "Episode": "trinity_agents.multi_turn",
+    "Turn": "trinity_agents.multi_turn",
+    "ToolCallWorkflow": "trinity_agents.toolcall",
+    "score_tool_calls": "trinity_agents.toolcall",
+    "toolcall_reward": "trinity_agents.toolcall",
+    "FrozenLakeWorkflow": "trinity_agents.frozen_lake",
+    "generate_random_map": "trinity_agents.frozen_lake",
+    "ScriptedEngine": "trinity_agents.scripted",
+    "scripted_model": "trinity_agents.scripted",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'trinity_agents' has no attribute {name!r}")
