@@ -6,13 +6,11 @@ import math
 
 import pytest
 import torch
-from algos_testutil import SHAPES, random_mask
+from algos_testutil import MODES, SHAPES, random_mask, ref_agg, ref_agg_grad
 
 from trinity.testing import check_component
 from trinity_algos.entropy import DefaultEntropyLossFn, MixEntropyLossFn, NoEntropyLossFn
 from trinity_algos.kl import AbsKLFn, CorrectedK3KLFn, K1KLFn, K2KLFn, K3KLFn, LowVarKLFn, NoKLFn
-
-MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
 def k3(x):
@@ -109,34 +107,6 @@ def test_entropy_hand_values(mode):
 
 
 # -- corrected_k3 -----------------------------------------------------------------------------
-
-
-def ref_agg(values, mask, mode):
-    rows = [[v for v, m in zip(vr, mr) if m] for vr, mr in zip(values, mask)]
-    if mode == "token-mean":
-        flat = [v for r in rows for v in r]
-        return sum(flat) / len(flat) if flat else 0.0
-    if mode == "seq-mean-token-sum-norm":
-        return sum(v for r in rows for v in r) / len(values[0])
-    per_seq = [sum(r) if mode == "seq-mean-token-sum" else sum(r) / len(r) for r in rows if r]
-    return sum(per_seq) / len(per_seq) if per_seq else 0.0
-
-
-def ref_agg_grad(mask, mode):
-    """d agg / d value, per token."""
-    n_tokens = sum(1 for r in mask for m in r if m)
-    n_seqs = sum(1 for r in mask if any(r))
-    out = []
-    for r in mask:
-        count = sum(1 for m in r if m)
-        weight = {
-            "token-mean": 1.0 / max(n_tokens, 1),
-            "seq-mean-token-sum-norm": 1.0 / len(r),
-            "seq-mean-token-sum": 1.0 / max(n_seqs, 1),
-            "seq-mean-token-mean": 1.0 / (max(count, 1) * max(n_seqs, 1)),
-        }[mode]
-        out.append([weight if m else 0.0 for m in r])
-    return out
 
 
 def test_corrected_k3_hand_values():

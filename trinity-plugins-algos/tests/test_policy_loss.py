@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from algos_testutil import SHAPES, random_mask
+from algos_testutil import MODES, SHAPES, random_mask, ref_agg
 
 from trinity_algos.policy_loss import (
     CISPOPolicyLossFn,
@@ -18,21 +18,7 @@ from trinity_algos.policy_loss import (
     SFTLossFn,
 )
 
-MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-
 # -- plain-loop references -----------------------------------------------------------------
-
-
-def ref_agg(loss, mask, mode):
-    """Aggregate a nested-list per-token loss, skipping rows without valid tokens."""
-    rows = [[x for x, m in zip(lr, mr) if m] for lr, mr in zip(loss, mask)]
-    if mode == "token-mean":
-        flat = [x for r in rows for x in r]
-        return sum(flat) / len(flat) if flat else 0.0
-    if mode == "seq-mean-token-sum-norm":
-        return sum(x for r in rows for x in r) / len(loss[0])
-    per_seq = [sum(r) if mode == "seq-mean-token-sum" else sum(r) / len(r) for r in rows if r]
-    return sum(per_seq) / len(per_seq) if per_seq else 0.0
 
 
 def ref_ppo_tokens(lp, old, adv, low, high, c):

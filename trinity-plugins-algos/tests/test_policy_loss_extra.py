@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from algos_testutil import SHAPES, random_mask
+from algos_testutil import MODES, SHAPES, random_mask, ref_agg, ref_agg_grad
 
 from trinity.testing import check_component
 from trinity.trainer.micro_batch import micro_batch_weights, split_by_rows, split_by_tokens
@@ -25,45 +25,7 @@ from trinity_algos.policy_loss import (
 )
 from trinity_algos.policy_loss.chord import mu_schedule
 
-MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-
 # -- plain-loop references -----------------------------------------------------------------
-
-
-def ref_agg(loss, mask, mode):
-    """Aggregate a nested-list per-token loss, skipping rows without valid tokens."""
-    rows = [[x for x, m in zip(lr, mr) if m] for lr, mr in zip(loss, mask)]
-    if mode == "token-mean":
-        flat = [x for r in rows for x in r]
-        return sum(flat) / len(flat) if flat else 0.0
-    if mode == "seq-mean-token-sum-norm":
-        return sum(x for r in rows for x in r) / len(loss[0])
-    per_seq = [sum(r) if mode == "seq-mean-token-sum" else sum(r) / len(r) for r in rows if r]
-    return sum(per_seq) / len(per_seq) if per_seq else 0.0
-
-
-def ref_agg_grad(mask, mode):
-    """d agg / d (per-token loss), per token, as nested lists."""
-    width = len(mask[0])
-    n_tokens = sum(sum(1 for m in r if m) for r in mask)
-    n_seqs = sum(1 for r in mask if any(r))
-    out = []
-    for r in mask:
-        count = sum(1 for m in r if m)
-        row = []
-        for m in r:
-            if not m:
-                row.append(0.0)
-            elif mode == "token-mean":
-                row.append(1.0 / n_tokens)
-            elif mode == "seq-mean-token-sum-norm":
-                row.append(1.0 / width)
-            elif mode == "seq-mean-token-sum":
-                row.append(1.0 / n_seqs)
-            else:
-                row.append(1.0 / (count * n_seqs))
-        out.append(row)
-    return out
 
 
 def ref_grad(token_grads, mask, mode):
