@@ -140,7 +140,7 @@ def test_set_keys_warn_and_defaults_do_not() -> None:
             "explorer": {
                 "over_rollout": {"ratio": 0.0, "wait_after_min": 30.0},  # off, as upstream's default
                 "max_inflight_batches": 4,
-                "rollout_model": {"tool_call_parser": "hermes", "use_v1": True},
+                "rollout_model": {"enable_expert_parallel": True, "use_v1": True},
                 "auxiliary_models": [{"model_path": "j", "enable_multimodal": True}],
             },
             "trainer": {"save_strategy": "unrestricted", "enable_preview": False},
@@ -155,7 +155,7 @@ def test_set_keys_warn_and_defaults_do_not() -> None:
     assert keys == [
         "model.repetition_penalty",
         "buffer.explorer_input.tasksets[0].format.image_key",
-        "explorer.rollout_model.tool_call_parser",
+        "explorer.rollout_model.enable_expert_parallel",
         "explorer.auxiliary_models[0].enable_multimodal",
         "explorer.max_inflight_batches",
         "trainer.enable_preview",
@@ -212,14 +212,14 @@ def test_trinity_run_shows_the_warning_on_stderr(tmp_path: Path) -> None:
     file.write_text(
         "model: {model_path: m, max_prompt_tokens: 8, max_response_tokens: 8}\n"
         "buffer: {explorer_input: {tasksets: [{path: t.jsonl}]}}\n"
-        "explorer: {rollout_model: {reasoning_parser: deepseek_r1}}\n"
+        "explorer: {rollout_model: {enable_multimodal: true}}\n"
         "algorithm: {algorithm_type: ppo}\n"
     )
     code = "import sys; from trinity.cli import _load_config_or_exit; _load_config_or_exit(sys.argv[1])"
     proc = subprocess.run(
         [sys.executable, "-c", code, str(file)], capture_output=True, text=True, timeout=120, check=False
     )
-    assert "explorer.rollout_model.reasoning_parser has no effect in this version" in proc.stderr
+    assert "explorer.rollout_model.enable_multimodal has no effect in this version" in proc.stderr
 
 
 def test_stage_prefix_and_wildcards_match() -> None:

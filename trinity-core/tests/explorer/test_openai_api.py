@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import torch
 
 from trinity import hookimpl
 from trinity.buffer.base import WriterBase
@@ -318,3 +319,124 @@ def test_auxiliary_engines_must_match_the_config(tmp_path, tiny_model_path, engi
     )
     with pytest.raises(ValueError, match="engine_num"):
         Explorer(config, engines=[engine], auxiliary_engines=[engine], writer=ListWriter())
+
+
+# -- streaming, seeding, tools with the real tiny model --------------------------------------
+
+
+def test_stream_matches_the_whole_reply(engine):
+    model = ModelWrapper(engine, enable_history=True)
+    try:
+        client = model.get_openai_client()
+        args = {"model": "x", "messages": HELLO, "max_tokens": 12, "seed": 7, "logprobs": True, "n": 2}
+        whole = client.chat.completions.create(**args)
+        chunks = list(
+            client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})
+        )
+        for i, choice in enumerate(whole.choices):
+            mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == i]
+            assert "".join(c.delta.content or "" for c in mine) == choice.message.content
+            assert mine[-1].finish_reason == choice.finish_reason
+            lps = [t.logprob for c in mine if c.logprobs for t in c.logprobs.content]
+            assert lps == [t.logprob for t in choice.logprobs.content]
+        assert chunks[-1].usage == whole.usage
+        history = model.extract_experience_from_history()
+        assert len(history) == 4  # a streamed call is recorded like any other (same seed: same tokens)
+        for plain, streamed in zip(history[:2], history[2:]):
+            assert torch.equal(plain.tokens, streamed.tokens)
+    finally:
+        model.close()
+
+
+def test_api_calls_are_seeded_per_task_like_chat(engine):
+    """With ``seed_calls`` (what the runner does per task) a call without a seed samples the same
+    through the API as through ``chat``, and again on a rerun of the task."""
+    model = ModelWrapper(engine, enable_history=True)
+    try:
+        client = model.get_openai_client()
+
+        def api_reply():
+            return (
+                client.chat.completions.create(model="x", messages=HELLO, max_tokens=10)
+                .choices[0]
+                .message.content
+            )
+
+        model.seed_calls("task-7")
+        first = [api_reply(), api_reply()]
+        model.seed_calls("task-7")
+        again = [api_reply(), api_reply()]
+        model.seed_calls("task-7")
+        direct = [model.chat(HELLO, max_tokens=10)[0].response_text for _ in range(2)]
+        assert first == again == direct
+        assert first[0] != first[1]  # one seed per call, not one per task
+        model.seed_calls("task-8")
+        assert [api_reply(), api_reply()] != first
+    finally:
+        model.close()
+
+
+def test_server_restarts_and_frees_its_port(engine):
+    model = ModelWrapper(engine)
+    url = model.base_url
+    model.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"{url}/models", timeout=5)
+    try:
+        with urllib.request.urlopen(f"{model.base_url}/models", timeout=30) as response:  # a new server
+            assert response.status == 200
+    finally:
+        model.close()
+
+
+def test_log_requests(engine, caplog):
+    model = ModelWrapper(engine, name="judge", log_requests=True)
+    try:
+        with caplog.at_level("INFO", logger="trinity.explorer.openai_api"):
+            model.get_openai_client().models.list()
+        assert any(
+            r.name == "trinity.explorer.openai_api" and "judge GET /v1/models 200" in r.getMessage()
+            for r in caplog.records
+        )
+    finally:
+        model.close()
+
+
+def test_parser_keys_reach_the_wrappers(tmp_path, tiny_model_path, engine, plugins):
+    config = _config(
+        tmp_path,
+        tiny_model_path,
+        "openai_agent",
+        rows=1,
+        rollout_model={
+            "tool_call_parser": "hermes",
+            "enable_auto_tool_choice": True,
+            "reasoning_parser": "deepseek_r1",
+            "enable_log_requests": True,
+        },
+    )
+    explorer = Explorer(config, engines=[engine], writer=ListWriter())
+    try:
+        for model in explorer.models:
+            assert (model.tool_call_parser, model.reasoning_parser) == ("hermes", "deepseek_r1")
+            assert model.enable_auto_tool_choice and model.log_requests
+    finally:
+        explorer.shutdown()
+
+
+def test_cli_and_wrapper_import_no_web_stack():
+    """fastapi / uvicorn load when a server starts, not for `trinity --help` or a wrapper."""
+    import subprocess
+
+    probe = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from trinity.cli import cli\n"
+        "for args in (['--help'], ['plugins']):\n"
+        "    assert CliRunner().invoke(cli, args).exit_code == 0\n"
+        "import trinity.explorer.model_wrapper, trinity.explorer.openai_api.tool_parsers, trinity.config\n"
+        "print(' '.join(m for m in ('fastapi', 'uvicorn', 'starlette', 'torch') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ""

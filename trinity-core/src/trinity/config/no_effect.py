@@ -7,7 +7,7 @@ actually set (``model_fields_set``) to a value that would behave differently fro
 (by default: any value other than the key's default), once per process per key.
 
 Patterns are dotted key paths. ``[*]`` stands for any list index or mapping key
-(``explorer.auxiliary_models[*].tool_call_parser``), a leading ``**.`` for any path
+(``explorer.auxiliary_models[*].repetition_penalty``), a leading ``**.`` for any path
 (``**.format.image_key``); stage overrides (``stages[0].explorer.over_rollout``) match the
 pattern without the ``stages[*].`` prefix. A pattern naming a section covers every key in it.
 
@@ -184,10 +184,6 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     *_inference("repetition_penalty", "the rollout engines apply no repetition penalty"),
     *_inference("ignore_eos", "generation always stops at EOS"),
     *_inference("enable_multimodal", "multi-modal prompts are not supported"),
-    *_inference("enable_log_requests", "the built-in OpenAI API server does not log requests"),
-    *_inference("enable_auto_tool_choice", "the built-in OpenAI API server has no tool parsing"),
-    *_inference("tool_call_parser", "the built-in OpenAI API server has no tool parsing"),
-    *_inference("reasoning_parser", "the built-in OpenAI API server has no reasoning parsing"),
     *_inference("external_model_config", "an external API as rollout model is not implemented", _enabled),
     *_inference("weight_sync_buffer_size", "NCCL weight sync sends one tensor at a time"),
     *_inference("enable_return_routed_experts", "MoE routing is not returned with rollouts"),

@@ -3,8 +3,8 @@
 It implements the :class:`trinity.workflow.ModelWrapperProtocol` protocol (``chat``, ``generate``,
 async twins, ``logprobs``, ``convert_messages_to_experience``, ``get_openai_client``).
 With ``enable_history`` every Experience it hands out, including those made for OpenAI API
-calls, is also recorded, for workflows whose agent code never sees Experiences;
-:meth:`ModelWrapper.extract_experience_from_history` collects them.
+calls (:mod:`trinity.explorer.openai_api`), is also recorded, for workflows whose agent code
+never sees Experiences; :meth:`ModelWrapper.extract_experience_from_history` collects them.
 """
 
 from __future__ import annotations
@@ -35,6 +35,13 @@ class ModelWrapper:
         api_key: key the OpenAI API requires as ``Authorization: Bearer <key>``
             (``"EMPTY"``: none, the server being reachable from this machine only).
         port: port of the OpenAI API (``None``: any free port).
+        tool_call_parser: how the OpenAI API reads tool calls in replies (``hermes``,
+            ``llama3_json``; ``None``: requests with tools are refused).
+        reasoning_parser: how the OpenAI API splits ``<think>`` reasoning off replies
+            (``qwen3``, ``deepseek_r1``; ``None``: replies are content only).
+        enable_auto_tool_choice: let the OpenAI API serve ``tool_choice: "auto"`` (the default
+            when a request has ``tools``), as vLLM's ``--enable-auto-tool-choice``.
+        log_requests: log one line per OpenAI API request (logger ``trinity.explorer.openai_api``).
     """
 
     def __init__(
@@ -46,13 +53,30 @@ class ModelWrapper:
         model_path: str | None = None,
         api_key: str = "EMPTY",
         port: int | None = None,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        enable_auto_tool_choice: bool = False,
+        log_requests: bool = False,
     ) -> None:
+        if tool_call_parser is not None or reasoning_parser is not None:
+            # Pure-Python modules: an unknown name fails here, not at the first request.
+            from trinity.explorer.openai_api.reasoning import get_reasoning_parser
+            from trinity.explorer.openai_api.tool_parsers import get_tool_call_parser
+
+            if tool_call_parser is not None:
+                get_tool_call_parser(tool_call_parser)
+            if reasoning_parser is not None:
+                get_reasoning_parser(reasoning_parser)
         self.engine = engine
         self.enable_history = enable_history
         self.name = name
         self.model_path = model_path
         self.api_key = api_key
         self.port = port
+        self.tool_call_parser = tool_call_parser
+        self.reasoning_parser = reasoning_parser
+        self.enable_auto_tool_choice = enable_auto_tool_choice
+        self.log_requests = log_requests
         self._history: list[Experience] = []
         self._lock = threading.Lock()
         self._server: OpenAIServer | None = None
@@ -95,21 +119,61 @@ class ModelWrapper:
 
     # -- generation ------------------------------------------------------------------------
 
-    def chat(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
-        """Sample replies to ``messages`` (``n`` in ``rollout_args`` for several)."""
-        return self._record(self.engine.chat(messages, **self._with_seed(rollout_args)))
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        **rollout_args: Any,
+    ) -> list[Experience]:
+        """Sample replies to ``messages`` (``n`` in ``rollout_args`` for several).
+
+        ``tools`` (OpenAI function definitions) and ``chat_template_kwargs`` reach the chat
+        template (see :meth:`RolloutEngine.apply_chat_template`).
+        """
+        template = _template_args(tools, chat_template_kwargs)
+        return self._record(self.engine.chat(messages, **template, **self._with_seed(rollout_args)))
 
     def generate(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
         """Sample continuations of raw prompts (no chat template), prompt-major."""
         return self._record(self.engine.generate(prompts, **self._with_seed(rollout_args)))
 
-    async def chat_async(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
+    async def chat_async(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        **rollout_args: Any,
+    ) -> list[Experience]:
         """Async twin of :meth:`chat`."""
-        return self._record(await self.engine.chat_async(messages, **self._with_seed(rollout_args)))
+        return self._record(
+            await self._sample_chat_async(
+                messages, tools=tools, chat_template_kwargs=chat_template_kwargs, **rollout_args
+            )
+        )
 
     async def generate_async(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
         """Async twin of :meth:`generate`."""
-        return self._record(await self.engine.generate_async(prompts, **self._with_seed(rollout_args)))
+        return self._record(await self._sample_async(prompts, **rollout_args))
+
+    # The OpenAI API samples through these (seeded like every call) and records the
+    # Experiences itself once it has added what it parsed.
+
+    async def _sample_chat_async(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        **rollout_args: Any,
+    ) -> list[Experience]:
+        template = _template_args(tools, chat_template_kwargs)
+        return await self.engine.chat_async(messages, **template, **self._with_seed(rollout_args))
+
+    async def _sample_async(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
+        return await self.engine.generate_async(prompts, **self._with_seed(rollout_args))
 
     def logprobs(self, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
         """Logprobs of ``tokens[1:]`` under the current weights, ``(len(tokens) - 1,)``."""
@@ -214,16 +278,24 @@ class ModelWrapper:
             ) from None
         return openai
 
-    def get_openai_client(self) -> Any:
+    def get_openai_client(self, **client_kwargs: Any) -> Any:
         """An ``openai.OpenAI`` client talking to this engine through a local server bound to
-        127.0.0.1 (calls are recorded in the history when ``enable_history`` is on)."""
-        openai = self._openai_module("get_openai_client")
-        return openai.OpenAI(base_url=self.openai_base_url, api_key=self.api_key)
+        127.0.0.1 (calls are recorded in the history when ``enable_history`` is on).
 
-    def get_openai_async_client(self) -> Any:
-        """An ``openai.AsyncOpenAI`` client for the same server (for ``run_async`` workflows)."""
+        ``client_kwargs`` go to ``openai.OpenAI`` (``timeout``...). Retries are off by default
+        (``max_retries=0``): a retried call that the server did answer would be recorded twice.
+        """
+        openai = self._openai_module("get_openai_client")
+        return openai.OpenAI(**self._client_kwargs(client_kwargs))
+
+    def get_openai_async_client(self, **client_kwargs: Any) -> Any:
+        """An ``openai.AsyncOpenAI`` client for the same server (for ``run_async`` workflows);
+        ``client_kwargs`` as for :meth:`get_openai_client`."""
         openai = self._openai_module("get_openai_async_client")
-        return openai.AsyncOpenAI(base_url=self.openai_base_url, api_key=self.api_key)
+        return openai.AsyncOpenAI(**self._client_kwargs(client_kwargs))
+
+    def _client_kwargs(self, given: dict[str, Any]) -> dict[str, Any]:
+        return {"base_url": self.openai_base_url, "api_key": self.api_key, "max_retries": 0, **given}
 
     def close(self) -> None:
         """Stop the OpenAI server if one was started."""
@@ -251,6 +323,10 @@ def model_wrappers_for(
             model_path=config.model_path,
             api_key=config.api_key,
             port=None if config.base_port is None else config.base_port + i,
+            tool_call_parser=config.tool_call_parser,
+            reasoning_parser=config.reasoning_parser,
+            enable_auto_tool_choice=config.enable_auto_tool_choice,
+            log_requests=config.enable_log_requests,
         )
         if config.enable_openai_api:
             try:
@@ -264,6 +340,18 @@ def model_wrappers_for(
                 ) from exc
         wrappers.append(wrapper)
     return wrappers
+
+
+def _template_args(
+    tools: list[dict[str, Any]] | None, chat_template_kwargs: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Template keywords for the engine, only those given (engine doubles may not take them)."""
+    out: dict[str, Any] = {}
+    if tools:
+        out["tools"] = tools
+    if chat_template_kwargs:
+        out["chat_template_kwargs"] = chat_template_kwargs
+    return out
 
 
 def assistant_token_mask(

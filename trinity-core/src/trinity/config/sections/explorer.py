@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from trinity.config.sections.base import F, Section, check_choice, derived, lower_alias
 from trinity.config.sections.model import ExternalModelConfig
@@ -23,6 +23,17 @@ ENGINE_DTYPES: tuple[str, ...] = (
     "float",
 )
 MAX_PORT = 65535
+# The parsers of the built-in OpenAI API (trinity.explorer.openai_api.tool_parsers / .reasoning;
+# a test keeps these lists equal to theirs).
+TOOL_CALL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json")
+REASONING_PARSERS: tuple[str, ...] = ("deepseek_r1", "qwen3")
+
+
+def _parser_choice(value: Any, choices: tuple[str, ...]) -> Any:
+    try:
+        return check_choice(value, choices)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (the parsers of the built-in OpenAI API server)") from None
 
 
 class InferenceModelConfig(Section):
@@ -88,7 +99,9 @@ class InferenceModelConfig(Section):
         "without it a runner's API starts when its workflow first asks for `get_openai_client()` "
         "or `base_url`.",
     )
-    enable_log_requests: bool = F(False, "Log API requests (vLLM API server). Has no effect in this version.")
+    enable_log_requests: bool = F(
+        False, "Log one line per OpenAI API request (logger `trinity.explorer.openai_api`, level INFO)."
+    )
     base_port: int | None = F(
         None,
         "First port of the OpenAI API servers (runner k listens on base_port + k); unset or 0: free ports.",
@@ -97,13 +110,19 @@ class InferenceModelConfig(Section):
     )
     api_key: str = F("EMPTY", "API key the OpenAI API servers require as a Bearer token (`EMPTY`: none).")
     enable_auto_tool_choice: bool = F(
-        False, "Let the API choose tools automatically. Has no effect in this version."
+        False,
+        "Serve `tool_choice: auto` (the default of requests with `tools`) on the OpenAI API; "
+        "needs `tool_call_parser`.",
     )
     tool_call_parser: str | None = F(
-        None, "Tool-call parser of the API server. Has no effect in this version."
+        None,
+        "How the OpenAI API reads tool calls in replies: `hermes` (`<tool_call>` JSON blocks, "
+        "Qwen / Hermes templates) or `llama3_json`; unset: requests with tools are refused.",
     )
     reasoning_parser: str | None = F(
-        None, "Reasoning parser of the API server. Has no effect in this version."
+        None,
+        "How the OpenAI API splits `<think>` reasoning off replies into `reasoning_content`: "
+        "`qwen3` or `deepseek_r1` (the template opens `<think>`); unset: none.",
     )
     external_model_config: ExternalModelConfig = F(
         default_factory=ExternalModelConfig,
@@ -130,6 +149,24 @@ class InferenceModelConfig(Section):
     @classmethod
     def _dtype(cls, value: Any) -> Any:
         return check_choice(value, ENGINE_DTYPES)
+
+    @field_validator("tool_call_parser", mode="before")
+    @classmethod
+    def _tool_call_parser(cls, value: Any) -> Any:
+        return _parser_choice(value, TOOL_CALL_PARSERS)
+
+    @field_validator("reasoning_parser", mode="before")
+    @classmethod
+    def _reasoning_parser(cls, value: Any) -> Any:
+        return _parser_choice(value, REASONING_PARSERS)
+
+    @model_validator(mode="after")
+    def _auto_tool_choice_needs_a_parser(self) -> InferenceModelConfig:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError(
+                f"enable_auto_tool_choice needs a tool_call_parser (one of: {', '.join(TOOL_CALL_PARSERS)})"
+            )
+        return self
 
 
 class OverRolloutConfig(Section):

@@ -116,9 +116,19 @@ class RolloutEngine(ABC):
 
     # -- prompt building (shared) ----------------------------------------------------------
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """The prompt text for ``messages``: a generation prompt after a user turn, or a
-        continuation of the final message when it is the assistant's."""
+        continuation of the final message when it is the assistant's.
+
+        ``tools`` (OpenAI function definitions) are rendered by the template (templates with
+        tool support, e.g. Qwen's, put them in the system prompt); ``chat_template_kwargs`` are
+        further template variables, overriding ``enable_thinking`` for this call.
+        """
         kwargs: dict[str, Any] = {"tokenize": False, "chat_template": self.chat_template}
         if messages and messages[-1].get("role") == "assistant":
             kwargs["continue_final_message"] = True
@@ -126,6 +136,10 @@ class RolloutEngine(ABC):
             kwargs["add_generation_prompt"] = True
         if self.enable_thinking is not None:
             kwargs["enable_thinking"] = self.enable_thinking
+        if tools:
+            kwargs["tools"] = tools
+        if chat_template_kwargs:
+            kwargs.update(chat_template_kwargs)
         return self.tokenizer.apply_chat_template(messages, **kwargs)
 
     def encode(self, prompt: str) -> list[int]:
@@ -146,9 +160,18 @@ class RolloutEngine(ABC):
         groups = self.generate_tokens([self.encode(p) for p in prompts], args)
         return [exp for group in groups for exp in group]
 
-    def chat(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
-        """Sample ``n`` replies to a chat (the chat template is applied first)."""
-        return self.generate([self.apply_chat_template(messages)], **rollout_args)
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        **rollout_args: Any,
+    ) -> list[Experience]:
+        """Sample ``n`` replies to a chat (the chat template is applied first, see
+        :meth:`apply_chat_template`)."""
+        prompt = self.apply_chat_template(messages, tools, chat_template_kwargs)
+        return self.generate([prompt], **rollout_args)
 
     async def generate_async(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
         """Async twin of :meth:`generate`."""
@@ -156,9 +179,17 @@ class RolloutEngine(ABC):
         groups = await self.generate_tokens_async([self.encode(p) for p in prompts], args)
         return [exp for group in groups for exp in group]
 
-    async def chat_async(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
+    async def chat_async(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        **rollout_args: Any,
+    ) -> list[Experience]:
         """Async twin of :meth:`chat`."""
-        return await self.generate_async([self.apply_chat_template(messages)], **rollout_args)
+        prompt = self.apply_chat_template(messages, tools, chat_template_kwargs)
+        return await self.generate_async([prompt], **rollout_args)
 
     # -- backend ---------------------------------------------------------------------------
 
