@@ -116,6 +116,22 @@ class Workflow(ABC):
         self.repeat_times = repeat_times
         self.run_id_base = run_id_base
 
+    @classmethod
+    def row_problem(cls, row: dict[str, Any], format_args: Any) -> str | None:
+        """Why this workflow cannot run taskset row ``row``, or ``None``.
+
+        The taskset reader calls it once per row (``format_args`` is the taskset's
+        :class:`~trinity.config.FormatConfig`); a row with a problem is a counted, logged skip
+        rather than a failure mid-run. The default asks for what prompt-based workflows read: a
+        text under ``format.prompt_key`` or a chat under ``format.messages_key`` (plus the types
+        of the response, system prompt and tools columns). Workflows that read their own columns
+        from ``task.raw_task`` (an environment's seed, a game file, ToolACE conversations)
+        override it to check those instead.
+        """
+        from trinity.buffer.taskset import prompt_row_problem
+
+        return prompt_row_problem(row, format_args)
+
 
 class RewardFn(Component, ABC):
     """Scores a response: ``__call__(response, truth, **kw) -> {part: value}``.

@@ -24,6 +24,18 @@ class OtherWorkflow(EchoWorkflow):
     pass
 
 
+class EnvWorkflow(EchoWorkflow):
+    """Reads its own columns (an environment seed), like FrozenLake or ALFWorld workflows."""
+
+    @classmethod
+    def row_problem(cls, row, format_args):
+        if not isinstance(row.get("seed"), int):
+            return f"an environment row needs an integer 'seed', got {row.get('seed')!r}"
+        if row["seed"] < 0:
+            raise ValueError("negative seeds are not allowed")
+        return None
+
+
 class ExactReward(RewardFn):
     def __call__(self, response, truth=None, **kw):
         return {"exact": float(response == truth)}
@@ -34,6 +46,7 @@ class FakePlugin:
     def register_workflows(self, register):
         register("echo", EchoWorkflow)
         register("other", OtherWorkflow)
+        register("env", EnvWorkflow)
 
     @hookimpl
     def register_reward_fns(self, register):
@@ -414,3 +427,30 @@ def test_minority_of_bad_rows_loads_and_counts_them(tmp_path, caplog):
     assert metrics["buffer/math/rows"] == 3
     assert metrics["buffer/math/skipped_rows"] == 3
     assert "skipped 3 of 6 rows" in caplog.text
+
+
+def test_a_workflow_checks_its_own_rows(tmp_path, caplog):
+    # No prompt column: the default check would refuse every row; the workflow's own accepts
+    # them, and skips (counted, logged) the rows it cannot run, including one its check raised on.
+    rows = [{"seed": 1}, {"seed": "two"}, {"seed": 3, "size": 4}, {"seed": -1}, {"seed": 5}]
+    cfg = make_config(write_jsonl(tmp_path / "env.jsonl", rows), default_workflow_type="env")
+    reader = load_logged(cfg, caplog)
+    tasks = reader.read_batch(10)
+    assert [t.raw_task["seed"] for t in tasks] == [1, 3, 5]
+    assert all(t.workflow is EnvWorkflow for t in tasks)
+    metrics = reader.metrics()
+    assert metrics["buffer/math/skipped_rows"] == 2
+    assert "an environment row needs an integer 'seed', got 'two'" in skip_line(
+        caplog, f"{tmp_path / 'env.jsonl'}:2"
+    )
+    assert "ValueError: negative seeds are not allowed" in skip_line(caplog, f"{tmp_path / 'env.jsonl'}:4")
+
+
+def test_the_row_check_follows_each_rows_workflow(tmp_path):
+    # A per-row workflow column picks the check: prompt rows for echo, seed rows for env.
+    rows = [{"question": "q0", "wf": "echo"}, {"seed": 7, "wf": "env"}, {"seed": 8, "wf": "echo"}]
+    path = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    reader = TasksetReader(make_config(path, format={"workflow_key": "wf"}))
+    tasks = reader.read_batch(10)
+    assert [(t.workflow, t.raw_task.get("seed")) for t in tasks] == [(EchoWorkflow, None), (EnvWorkflow, 7)]
+    assert reader.metrics()["buffer/math/skipped/missing prompt key 'question'"] == 1

@@ -203,10 +203,10 @@ CASES = [
         "duplicate-names",
         (
             "path: data/train.jsonl",
-            "path: data/train.jsonl\n        eval_tasksets: [{name: train, path: e.jsonl}]",
+            "path: data/train.jsonl\n        eval_tasksets: [{name: ev, path: e.jsonl}, {name: ev, path: f.jsonl}]",
         ),
-        "buffer.explorer_input.eval_tasksets[0].name",
-        ["'train' is already used by buffer.explorer_input.tasksets[0]"],
+        "buffer.explorer_input.eval_tasksets[1].name",
+        ["'ev' is already used by buffer.explorer_input.eval_tasksets[0]", "eval/<name>"],
     ),
     (
         "both-taskset-forms",
@@ -295,3 +295,16 @@ def test_env_default_is_used_when_unset(write_yaml, minimal_yaml, monkeypatch) -
     text = minimal_yaml.replace("data/train.jsonl", "${oc.env:TRINITY_TEST_UNSET_VAR,fallback}/t.jsonl")
     config = load_config(write_yaml(text))
     assert config.buffer.explorer_input.tasksets[0].path == "fallback/t.jsonl"
+
+
+def test_a_training_and_an_eval_taskset_may_share_a_name(write_yaml, minimal_yaml) -> None:
+    # Trinity-RFT's examples (grpo_frozen_lake, asymre) name both "frozenlake" / "math": the two
+    # never meet (read positions vs eval/<name> metrics), so this loads.
+    text = minimal_yaml.replace(
+        "path: data/train.jsonl",
+        "path: data/train.jsonl\n        eval_tasksets: [{name: train, path: e.jsonl}]",
+    )
+    config = load_config(write_yaml(text))
+    inputs = config.buffer.explorer_input
+    assert [t.name for t in inputs.tasksets] == [t.name for t in inputs.eval_tasksets] == ["train"]
+    assert inputs.eval_tasksets[0].is_eval and not inputs.tasksets[0].is_eval

@@ -234,6 +234,21 @@ class FrozenLakeWorkflow(MultiTurnWorkflow):
     max_turns_keys: ClassVar[tuple[str, ...]] = ("max_turns", "agent_max_steps")
     default_max_turns: ClassVar[int] = 10
 
+    @classmethod
+    def row_problem(cls, row: dict[str, Any], format_args: Any) -> str | None:
+        """FrozenLake rows have no prompt column: ``seed``, ``size`` and ``p`` must be numbers
+        (each optional: 42, 4, 0.8), with ``size`` at least 2 and ``p`` in (0, 1]."""
+        try:
+            size, p = int(row.get("size", 4)), float(row.get("p", 0.8))
+            int(row.get("seed", 42))
+        except (TypeError, ValueError):
+            return f"frozen lake row: seed, size and p must be numbers, got { {k: row.get(k) for k in ('seed', 'size', 'p')} }"
+        if size < 2:
+            return f"frozen lake row: size must be at least 2 (start and goal differ), got {size}"
+        if not 0 < p <= 1:
+            return f"frozen lake row: p must be in (0, 1], got {p}"
+        return None
+
     def reset(self, task: Task) -> None:
         super().reset(task)
         args = self.workflow_args

@@ -202,6 +202,18 @@ class ToolCallWorkflow(Workflow):
         super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
         self.reset(task)
 
+    @classmethod
+    def row_problem(cls, row: dict[str, Any], format_args: Any) -> str | None:
+        """ToolACE rows have no prompt column: check ``answer``, ``tools`` and ``conversations``."""
+        if row.get("answer") is None:
+            return f"toolcall row has no 'answer' column (row keys: {', '.join(sorted(map(str, row)))})"
+        try:
+            load_calls(row["answer"])
+            build_messages(row)
+        except (ValueError, TypeError, AttributeError) as exc:
+            return str(exc)
+        return None
+
     def reset(self, task: Task) -> None:
         self.task = task
         self.repeat_times = task.repeat_times

@@ -80,10 +80,9 @@ def check_messages(value: Any, key: str) -> str | None:
     return None
 
 
-def _row_problem(row: Any, fmt: Any) -> str | None:
-    """Why a taskset row is unusable, or ``None``. Component names are checked separately."""
-    if not isinstance(row, dict):
-        return f"row must be a JSON object, got {_type_name(row)}"
+def prompt_row_problem(row: dict[str, Any], fmt: Any) -> str | None:
+    """Why a row cannot feed a prompt-based workflow, or ``None`` (the default of
+    :meth:`trinity.workflow.Workflow.row_problem`)."""
     msg_key, prompt_key = fmt.messages_key, fmt.prompt_key
     # A row needs a prompt: a chat list under messages_key or a text under prompt_key. Which
     # one is not forced by prompt_type: Trinity-RFT tasksets commonly keep the default
@@ -236,11 +235,15 @@ class TasksetReader:
         """The row's (workflow, reward_fn) classes, or why the row is unusable."""
         if r.error:
             return r.error
+        if not isinstance(r.value, dict):
+            return f"row must be a JSON object, got {_type_name(r.value)}"
         try:
-            problem = _row_problem(r.value, self.config.format)
-            return problem if problem else self._row_components(r.value)
-        except Exception as exc:  # hostile data must cost one row, never the job
-            return f"unreadable row ({type(exc).__name__})"
+            components = self._row_components(r.value)
+            if isinstance(components, str):
+                return components
+            return components[0].row_problem(r.value, self.config.format) or components
+        except Exception as exc:  # hostile data (or a workflow's own check) costs one row, never the job
+            return f"unreadable row ({type(exc).__name__}: {_one_line(str(exc))[:200]})"
 
     def _unusable_message(self, bad: int, total: int) -> str:
         """One line for a taskset whose rows are mostly unusable: counts, top reasons, first row."""

@@ -150,12 +150,20 @@ def _resolve_buffer(c: Config, algo_cls: type) -> None:
     if not b.train_batch_size:
         b.train_batch_size = b.batch_size * repeat
     b.tokenizer_path = c.model.model_path
-    names: dict[str, str] = {}
-    for group, tasksets in (("tasksets", ei.tasksets), ("eval_tasksets", ei.eval_tasksets)):
+    # Names are unique within a group, where they identify something: a training taskset's
+    # read position in checkpoints, an eval taskset's metrics (eval/<name>/...), a buffer's Ray
+    # actor or SQL table. A training and an eval taskset may share a name (Trinity-RFT's
+    # examples often do): they never meet.
+    for group, tasksets, why in (
+        ("tasksets", ei.tasksets, "it keys the taskset's read position in checkpoints"),
+        ("eval_tasksets", ei.eval_tasksets, "eval metrics are logged under eval/<name>"),
+    ):
+        taskset_names: dict[str, str] = {}
         for i, ts in enumerate(tasksets):
             key = f"buffer.explorer_input.{group}[{i}]"
             _resolve_taskset(c, ts, key, i, is_eval=group == "eval_tasksets")
-            _unique(names, ts.name, key)
+            _unique(taskset_names, ts.name, key, why)
+    names: dict[str, str] = {}
     ti = b.trainer_input
     if ti.experience_buffer is None:
         ti.experience_buffer = ExperienceBufferConfig(name="experience_buffer")
@@ -171,10 +179,12 @@ def _resolve_buffer(c: Config, algo_cls: type) -> None:
         _unique(names, aux.name, key)
 
 
-def _unique(names: dict[str, str], name: str, key: str) -> None:
+def _unique(
+    names: dict[str, str], name: str, key: str, why: str = "buffer names become Ray actor names"
+) -> None:
     if name in names:
         raise ConfigError(
-            f"name {name!r} is already used by {names[name]}; names become Ray actor names and must be unique",
+            f"name {name!r} is already used by {names[name]}; it must be unique ({why})",
             key=f"{key}.name",
         )
     names[name] = key
