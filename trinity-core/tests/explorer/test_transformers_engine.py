@@ -263,7 +263,7 @@ def test_row_sampler_draws_from_the_tempered_filtered_distribution():
 
 
 def test_a_failing_batch_fails_every_caller_in_it(engine, monkeypatch):
-    def broken(prompts, args, seeds):
+    def broken(*_):
         raise RuntimeError("generate blew up")
 
     monkeypatch.setattr(engine, "_generate_chunk", broken)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from trinity.config.sections.explorer import InferenceModelConfig
     from trinity.experience import Experience
-    from trinity.explorer.engines.base import RolloutEngine
+    from trinity.explorer.engines.base import RolloutEngine, StreamItem
     from trinity.explorer.openai_server import OpenAIServer
 
 
@@ -174,6 +174,33 @@ class ModelWrapper:
 
     async def _sample_async(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
         return await self.engine.generate_async(prompts, **self._with_seed(rollout_args))
+
+    # Streaming twins (``stream: true``): token deltas, then the Experiences (see
+    # RolloutEngine.generate_stream_async). The seed is drawn now, as for a call that does not stream.
+
+    def _stream_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        **rollout_args: Any,
+    ) -> AsyncIterator[StreamItem]:
+        template = _template_args(tools, chat_template_kwargs)
+        args = self._with_seed(rollout_args)
+        if not hasattr(self.engine, "chat_stream_async"):  # an engine double: whole samples
+            from trinity.explorer.engines.base import whole_sample_stream
+
+            return whole_sample_stream(lambda: self.engine.chat_async(messages, **template, **args))
+        return self.engine.chat_stream_async(messages, **template, **args)
+
+    def _stream(self, prompts: list[str], **rollout_args: Any) -> AsyncIterator[StreamItem]:
+        args = self._with_seed(rollout_args)
+        if not hasattr(self.engine, "generate_stream_async"):
+            from trinity.explorer.engines.base import whole_sample_stream
+
+            return whole_sample_stream(lambda: self.engine.generate_async(prompts, **args))
+        return self.engine.generate_stream_async(prompts, **args)
 
     def logprobs(self, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
         """Logprobs of ``tokens[1:]`` under the current weights, ``(len(tokens) - 1,)``."""

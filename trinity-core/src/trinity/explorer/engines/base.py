@@ -8,6 +8,13 @@ reason (``info["finish_reason"]``: ``"stop"`` for EOS or a stop string, ``"lengt
 and takes new weights in place (:meth:`update_weights`, :meth:`load_checkpoint`, or a
 broadcast from the trainer through :meth:`init_weight_group` / :meth:`receive_weights`).
 
+Streaming (:meth:`RolloutEngine.generate_stream_async`, :meth:`RolloutEngine.chat_stream_async`):
+an async iterator of :class:`TokenDelta` (new tokens of one sample, with their logprobs) ending
+with one :class:`StreamEnd` holding the Experiences, exactly those the non-streaming call with the
+same arguments returns. An engine that samples token by token (``streams_tokens``: the
+transformers engine) yields each decoding step's tokens as they are sampled; the default yields
+each whole sample once it is finished. Closing the iterator early abandons the call.
+
 Engines: ``transformers`` (:mod:`.transformers_engine`, CPU or GPU) and ``vllm``
 (:mod:`.vllm_engine`, GPU). Prompt building (chat template, tokenisation, truncation) is shared
 here, so both engines see the same token ids for the same messages.
@@ -18,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -88,10 +95,47 @@ class SamplingArgs:
         return dataclasses.replace(self, **values)
 
 
+@dataclass
+class TokenDelta:
+    """New tokens of one sample of a streamed call: ``index`` is the sample's place in the call's
+    Experiences (prompt-major: prompt ``index // n``, sample ``index % n``)."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass
+class StreamEnd:
+    """The last item of a stream: the call's Experiences, prompt-major. Each one's response
+    tokens are exactly the concatenated :class:`TokenDelta` tokens of its index."""
+
+    experiences: list[Experience]
+
+
+StreamItem = TokenDelta | StreamEnd
+
+
+async def whole_sample_stream(
+    sample: Callable[[], Awaitable[list[Experience]]],
+) -> AsyncIterator[StreamItem]:
+    """A stream of finished samples (``await sample()``): one :class:`TokenDelta` per
+    Experience, then :class:`StreamEnd`."""
+    done = await sample()
+    for i, exp in enumerate(done):
+        lps = exp.logprobs.tolist() if exp.logprobs is not None else []
+        yield TokenDelta(i, exp.tokens[exp.prompt_length :].tolist(), lps)
+    yield StreamEnd(done)
+
+
 class RolloutEngine(ABC):
     """An inference backend. Subclasses implement :meth:`generate_tokens`, :meth:`logprobs`,
     :meth:`update_weights` and :meth:`load_checkpoint`; async twins default to a worker thread.
     """
+
+    #: Whether :meth:`generate_tokens_stream` yields tokens as they are sampled (``False``: each
+    #: sample whole, once finished).
+    streams_tokens: bool = False
 
     def __init__(
         self,
@@ -191,6 +235,24 @@ class RolloutEngine(ABC):
         prompt = self.apply_chat_template(messages, tools, chat_template_kwargs)
         return await self.generate_async([prompt], **rollout_args)
 
+    def generate_stream_async(self, prompts: list[str], **rollout_args: Any) -> AsyncIterator[StreamItem]:
+        """Streaming twin of :meth:`generate_async` (see the module docstring). The arguments are
+        checked and the prompts encoded now; the sampling starts with the first ``__anext__``."""
+        args = self.sampling_args(**rollout_args)
+        return self.generate_tokens_stream([self.encode(p) for p in prompts], args)
+
+    def chat_stream_async(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        **rollout_args: Any,
+    ) -> AsyncIterator[StreamItem]:
+        """Streaming twin of :meth:`chat_async` (the template is applied now)."""
+        prompt = self.apply_chat_template(messages, tools, chat_template_kwargs)
+        return self.generate_stream_async([prompt], **rollout_args)
+
     # -- backend ---------------------------------------------------------------------------
 
     @abstractmethod
@@ -202,6 +264,19 @@ class RolloutEngine(ABC):
     ) -> list[list[Experience]]:
         """Async twin of :meth:`generate_tokens` (default: a worker thread)."""
         return await asyncio.to_thread(self.generate_tokens, prompts, args)
+
+    def generate_tokens_stream(
+        self, prompts: list[list[int]], args: SamplingArgs
+    ) -> AsyncIterator[StreamItem]:
+        """Streaming twin of :meth:`generate_tokens_async`: :class:`TokenDelta` items, then one
+        :class:`StreamEnd`. Default: each sample whole once the call is done (engines that
+        sample token by token override it and set ``streams_tokens``)."""
+
+        async def sample() -> list[Experience]:
+            groups = await self.generate_tokens_async(prompts, args)
+            return [exp for group in groups for exp in group]
+
+        return whole_sample_stream(sample)
 
     @abstractmethod
     def logprobs(self, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:

@@ -16,19 +16,40 @@ Every sampled row draws from a random generator of its own, seeded from its call
 and its place in the call (:class:`RowSampler`), as vLLM seeds each request: a call's samples
 depend on its seed only, never on what else shared the batch. Calls without a seed take one
 from the engine's seeded stream.
+
+Streaming (:meth:`TransformersEngine.generate_tokens_stream`): every ``generate`` runs with a
+:class:`StepRecorder`, a logits processor (it sees each step's raw logits first, before
+min-tokens and sampling) and a streamer (``generate`` hands it each step's sampled tokens for
+the whole batch). It computes each row's logprob step by step (the Experiences take theirs from
+it, streamed or not) and hands each row of a streamed call its new token as it is sampled, until
+the row ends (EOS, a stop string, as :func:`~trinity.explorer.engines.base.finish_point` decides;
+the padding ``generate`` appends to finished rows is never streamed). A streamed call shares
+batches like any other and samples exactly what the same call without streaming samples. Closing
+its stream early cancels it: a queued call is dropped, a running one's rows are stopped at the
+next step (:meth:`StepRecorder.stop_cancelled`, a stopping criterion), and nothing is returned.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trinity._lazy import lazy_import
-from trinity.explorer.engines.base import RolloutEngine, SamplingArgs, finish_point
+from trinity.explorer.engines.base import (
+    RolloutEngine,
+    SamplingArgs,
+    StreamEnd,
+    StreamItem,
+    TokenDelta,
+    finish_point,
+)
 from trinity.sync.broadcast import WeightReceiver, parse_metas
 from trinity.sync.group import describe_device
 
@@ -103,12 +124,26 @@ def row_seeds(seed: int, prompts: int, n: int) -> list[int]:
     return [(seed * 1_000_003 + row) % (2**63) for row in range(prompts * n)]
 
 
+class CallCancelled(Exception):
+    """A streamed call whose stream was closed before it finished."""
+
+
+#: ``sink(sample_index, token_ids, logprobs)``: new tokens of one sample of a streamed call.
+Sink = Callable[[int, list[int], list[float]], None]
+
+
 @dataclass(eq=False)
 class _Call:
-    """One queued ``generate_tokens`` call, answered by whichever thread runs its batch."""
+    """One queued ``generate_tokens`` call, answered by whichever thread runs its batch.
+
+    A streamed call has a ``sink`` (called from the thread running the batch) and is
+    ``cancelled`` when its stream is closed before the end.
+    """
 
     prompts: list[list[int]]
     args: SamplingArgs
+    sink: Sink | None = None
+    cancelled: bool = False
     result: list[list[Any]] | None = None
     error: BaseException | None = None
 
@@ -117,8 +152,98 @@ class _Call:
         return self.result is not None or self.error is not None
 
 
+class StepRecorder:
+    """The per-step side of one ``generate``: logprobs of every row, tokens to streamed calls.
+
+    ``generate`` uses it three ways: as the first logits processor (it keeps the step's
+    log-softmax of the raw logits at the logprob temperature, before any other processor), as
+    the streamer (``put`` gets the step's sampled tokens, one per row: the logprob of each is
+    gathered, and each live row of a streamed call hands its token to the call's sink), and,
+    when a call of the batch streams, as a stopping criterion (:meth:`stop_cancelled`).
+
+    Args:
+        rows: per row of the batch, ``(call, sample index in the call)``.
+        temperature: the logprob temperature.
+        eos: EOS token ids; stop: stop strings; decode: ids -> text (for stop strings).
+        on_step: called with the recorder after each step's tokens were handed out.
+    """
+
+    def __init__(
+        self,
+        rows: list[tuple[_Call, int]],
+        temperature: float,
+        eos: set[int],
+        stop: list[str],
+        decode: Callable[[list[int]], str],
+        on_step: Callable[[StepRecorder], None] | None = None,
+    ) -> None:
+        self.rows = rows
+        self.temperature = temperature
+        self.eos, self.stop, self.decode, self.on_step = eos, stop, decode, on_step
+        self._pending: collections.deque[torch.Tensor] = collections.deque()
+        self._steps: list[torch.Tensor] = []
+        self._prompt_seen = False
+        # Streamed rows still producing tokens, with what they produced so far.
+        self._live = {r: [] for r, (call, _) in enumerate(rows) if call.sink is not None}
+        self.streams = bool(self._live)
+
+    # logits processor
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._pending.append(torch.log_softmax(scores.float() / self.temperature, dim=-1))
+        return scores
+
+    # stopping criterion
+    def stop_cancelled(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """True for the rows of cancelled calls: ``generate`` pads them from now on, and stops
+        when no other row is left."""
+        return torch.tensor(
+            [call.cancelled for call, _ in self.rows], dtype=torch.bool, device=input_ids.device
+        )
+
+    # streamer
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:  # generate() first hands over the prompts
+            self._prompt_seen = True
+            return
+        logprobs = self._pending.popleft()
+        step = logprobs.gather(-1, value.to(logprobs.device).view(-1, 1)).squeeze(-1)
+        self._steps.append(step)
+        if self._live:
+            self._hand_out(value.view(-1).tolist(), step.tolist())
+        if self.on_step is not None:
+            self.on_step(self)
+
+    def end(self) -> None:
+        pass
+
+    @property
+    def steps(self) -> int:
+        """Decoding steps done."""
+        return len(self._steps)
+
+    def _hand_out(self, tokens: list[int], logprobs: list[float]) -> None:
+        for row in list(self._live):
+            call, index = self.rows[row]
+            if call.cancelled:
+                del self._live[row]
+                continue
+            ids = self._live[row]
+            ids.append(tokens[row])
+            # The row ends where finish_point ends it: the token completing a stop string, or EOS.
+            if tokens[row] in self.eos or (self.stop and any(s in self.decode(ids) for s in self.stop)):
+                del self._live[row]
+            assert call.sink is not None
+            call.sink(index, [tokens[row]], [logprobs[row]])
+
+    def logprobs(self) -> torch.Tensor:
+        """``(rows, steps)`` float32 on the CPU: the logprob of each sampled token."""
+        if not self._steps:
+            return torch.zeros((len(self.rows), 0), dtype=torch.float32)
+        return torch.stack(self._steps, dim=1).cpu()
+
+
 class TransformersEngine(RolloutEngine):
-    """Rollouts with ``transformers``' ``generate``.
+    """Rollouts with ``transformers``' ``generate``; streams tokens as they are sampled.
 
     Args:
         model_path: Hugging Face model folder (or hub id already in the local cache).
@@ -129,6 +254,8 @@ class TransformersEngine(RolloutEngine):
         max_batch_size: most sequences (prompts x n) per ``generate`` call.
         Other arguments: see :class:`RolloutEngine`.
     """
+
+    streams_tokens = True
 
     def __init__(
         self,
@@ -167,6 +294,8 @@ class TransformersEngine(RolloutEngine):
         #: ``generate`` batches run and calls they answered (see :meth:`generate_tokens`).
         self.batches_run = 0
         self.calls_batched = 0
+        #: streamed calls dropped or stopped because their stream was closed early.
+        self.calls_cancelled = 0
         self.seed = seed
         self._generator = torch.Generator().manual_seed(seed)
         # Its rank of the trainer's weight-sync group (sync_method nccl).
@@ -188,9 +317,16 @@ class TransformersEngine(RolloutEngine):
     # -- generation ------------------------------------------------------------------------
 
     def generate_tokens(self, prompts: list[list[int]], args: SamplingArgs) -> list[list[Any]]:
+        return self._serve(_Call(self._checked(prompts), args))
+
+    @staticmethod
+    def _checked(prompts: list[list[int]]) -> list[list[int]]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt (0 tokens)")
-        call = _Call(prompts, args)
+        return prompts
+
+    def _serve(self, call: _Call) -> list[list[Any]]:
+        """Queue ``call`` and wait for its answer (running its batch if nobody took it)."""
         with self._queue_lock:
             self._queue.append(call)
         with self._lock:
@@ -201,6 +337,44 @@ class TransformersEngine(RolloutEngine):
         assert call.result is not None
         return call.result
 
+    async def generate_tokens_stream(
+        self, prompts: list[list[int]], args: SamplingArgs
+    ) -> AsyncIterator[StreamItem]:
+        """Each step's tokens of each sample as they are sampled, then the Experiences (see the
+        module docstring). Closing the iterator early cancels the call."""
+        self._checked(prompts)
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[StreamItem | BaseException] = asyncio.Queue()
+
+        def push(item: StreamItem | BaseException) -> None:  # from the thread running the batch
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody listens any more
+                loop.call_soon_threadsafe(items.put_nowait, item)
+
+        call = _Call(prompts, args, sink=lambda i, ids, lps: push(TokenDelta(i, ids, lps)))
+
+        def serve() -> None:
+            try:
+                push(StreamEnd([exp for group in self._serve(call) for exp in group]))
+            except BaseException as exc:  # handed to the stream's reader
+                push(exc)
+
+        loop.run_in_executor(None, serve)
+        finished = False
+        try:
+            while True:
+                item = await items.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if isinstance(item, StreamEnd):
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:  # closed early (a client went away): stop sampling for it
+                call.cancelled = True
+
     def _run_batch(self, leader: _Call) -> None:
         """Under ``_lock``: one ``generate`` for ``leader`` and the queued calls with its args."""
         shape = dataclasses.replace(leader.args, seed=None)
@@ -208,6 +382,9 @@ class TransformersEngine(RolloutEngine):
         with self._queue_lock:
             batch, rest, size = [], [], 0
             for call in self._queue:
+                if call.cancelled:
+                    self._cancel(call)
+                    continue
                 fits = size + len(call.prompts) * call.args.n <= budget
                 if call is leader or (fits and dataclasses.replace(call.args, seed=None) == shape):
                     batch.append(call)
@@ -215,41 +392,72 @@ class TransformersEngine(RolloutEngine):
                 else:
                     rest.append(call)
             self._queue = rest
+        if not batch:  # the leader was cancelled while it waited
+            return
         try:
             seeds: list[int] = []
+            owners: list[tuple[_Call, int]] = []
             for call in batch:
                 seed = call.args.seed
                 if seed is None:  # the engine's stream, in the order calls are served
                     seed = int(torch.randint(2**62, (1,), generator=self._generator))
                 seeds.extend(row_seeds(seed, len(call.prompts), call.args.n))
-            groups = self._generate([p for call in batch for p in call.prompts], shape, seeds)
+                owners.extend((call, i) for i in range(len(call.prompts)))
+            groups = self._generate([p for call in batch for p in call.prompts], shape, seeds, owners)
         except BaseException as exc:  # every caller of the batch sees the failure
             for call in batch:
                 call.error = exc
             return
         start = 0
         for call in batch:
-            call.result = groups[start : start + len(call.prompts)]
+            if call.cancelled:
+                self._cancel(call)
+            else:
+                call.result = groups[start : start + len(call.prompts)]
             start += len(call.prompts)
         self.batches_run += 1
         self.calls_batched += len(batch)
 
-    def _generate(self, prompts: list[list[int]], args: SamplingArgs, seeds: list[int]) -> list[list[Any]]:
+    def _cancel(self, call: _Call) -> None:
+        call.error = CallCancelled("the call was cancelled (its stream was closed)")
+        self.calls_cancelled += 1
+
+    def _generate(
+        self,
+        prompts: list[list[int]],
+        args: SamplingArgs,
+        seeds: list[int],
+        owners: list[tuple[_Call, int]],
+    ) -> list[list[Any]]:
         """Under ``_lock``: ``args.n`` samples of each prompt, ``max_batch_size`` sequences a go;
-        ``seeds`` has one seed per sampled row (prompt-major)."""
+        ``seeds`` has one seed per sampled row (prompt-major); ``owners`` names each prompt's
+        call and its place in the call."""
         per_call = max(1, self.max_batch_size // args.n)
         groups: list[list[Any]] = []
         for start in range(0, len(prompts), per_call):
             chunk = prompts[start : start + per_call]
             chunk_seeds = seeds[start * args.n : (start + len(chunk)) * args.n]
-            groups.extend(self._generate_chunk(chunk, args, chunk_seeds))
+            chunk_owners = owners[start : start + len(chunk)]
+            if all(call.cancelled for call, _ in chunk_owners):  # nobody wants these any more
+                groups.extend([[] for _ in chunk])
+                continue
+            groups.extend(self._generate_chunk(chunk, args, chunk_seeds, chunk_owners))
         return groups
 
     @torch.no_grad()
     def _generate_chunk(
-        self, prompts: list[list[int]], args: SamplingArgs, seeds: list[int]
+        self,
+        prompts: list[list[int]],
+        args: SamplingArgs,
+        seeds: list[int],
+        owners: list[tuple[_Call, int]] | None = None,
     ) -> list[list[Any]]:
-        from transformers import GenerationConfig, LogitsProcessorList
+        from transformers import (
+            GenerationConfig,
+            LogitsProcessorList,
+            MinNewTokensLengthLogitsProcessor,
+            StoppingCriteriaList,
+        )
 
         from trinity.experience import Experience
 
@@ -263,52 +471,58 @@ class TransformersEngine(RolloutEngine):
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention_mask[row, width - len(ids) :] = 1
 
-        greedy = args.temperature == 0
-        # Sampling happens in RowSampler (one generator per row); generate() itself decodes
-        # greedily over its output. Explicit "off" values: None would let the model's
-        # generation_config (top_k=50 by default in transformers) slip in.
-        processors = (
-            LogitsProcessorList()
-            if greedy
-            else LogitsProcessorList(
-                [RowSampler(seeds, args.temperature, args.top_k, args.top_p, args.max_tokens)]
-            )
+        if owners is None:  # a chunk nobody streams
+            owners = [(_Call(prompts, args), i) for i in range(len(prompts))]
+        eos = set(self.eos_token_ids)
+        recorder = StepRecorder(
+            [(call, i * args.n + k) for call, i in owners for k in range(args.n)],
+            args.logprob_temperature,
+            eos,
+            args.stop,
+            self._decode,
+            self._on_step,
         )
+        # The recorder sees the raw logits first (logprobs are those of the model's distribution at
+        # the sampling temperature, as before any filter); min-tokens runs here rather than inside
+        # generate(), whose own processors would come first. Sampling happens in RowSampler (one
+        # generator per row); generate() itself decodes greedily over its output. Explicit "off"
+        # values: None would let the model's generation_config (top_k=50 by default) slip in.
+        processors = LogitsProcessorList([recorder])
+        if args.min_tokens:
+            processors.append(
+                MinNewTokensLengthLogitsProcessor(
+                    width, args.min_tokens, self.eos_token_ids, device=self.device
+                )
+            )
+        if args.temperature != 0:
+            processors.append(RowSampler(seeds, args.temperature, args.top_k, args.top_p, args.max_tokens))
         config = GenerationConfig(
             do_sample=False,
             temperature=None,
             top_k=None,
             top_p=None,
             max_new_tokens=args.max_tokens,
-            min_new_tokens=args.min_tokens or None,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             stop_strings=args.stop or None,
             return_dict_in_generate=True,
-            output_logits=True,
         )
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             generation_config=config,
             logits_processor=processors,
+            stopping_criteria=StoppingCriteriaList([recorder.stop_cancelled] if recorder.streams else []),
+            streamer=recorder,
             tokenizer=self.tokenizer if args.stop else None,
         )
-        responses = out.sequences[:, width:]
-        # Raw logits (before top-k/p), one (B*n, V) tensor per step. Reduce step by step: stacking
-        # them into a float32 (B*n, T, V) block costs gigabytes with a real vocabulary.
-        logprobs = torch.stack(
-            [
-                torch.log_softmax(step.float() / args.logprob_temperature, dim=-1)
-                .gather(-1, responses[:, t : t + 1])
-                .squeeze(-1)
-                for t, step in enumerate(out.logits)
-            ],
-            dim=1,
-        ).cpu()
-        responses = responses.cpu()
+        responses = out.sequences[:, width:].cpu()
+        logprobs = recorder.logprobs()
+        if logprobs.shape != responses.shape:
+            raise RuntimeError(
+                f"generate returned {tuple(responses.shape)} tokens but {tuple(logprobs.shape)} logprobs"
+            )
 
-        eos = set(self.eos_token_ids)
         groups: list[list[Any]] = []
         for row, prompt in enumerate(prompts):
             prompt_text = self.tokenizer.decode(prompt)
@@ -330,6 +544,10 @@ class TransformersEngine(RolloutEngine):
                 )
             groups.append(group)
         return groups
+
+    def _on_step(self, recorder: StepRecorder) -> None:
+        """Called in the generating thread after each decoding step's tokens were handed out
+        (a hook for tests and instrumentation; nothing by default)."""
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

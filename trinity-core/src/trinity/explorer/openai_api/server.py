@@ -31,9 +31,20 @@ EOS token included), their logprobs, and an ``action_mask`` covering the whole r
 response token is the assistant's). ``messages`` holds the conversation with the parsed reply;
 ``info`` holds ``tool_calls`` / ``tool_call_error`` (a malformed call) and ``tools``.
 
-Streaming: the engines return whole samples, so a stream carries each choice in a few chunks once
-it is sampled (role and reasoning, content, one chunk per tool call, finish) rather than token by
-token; clients assemble it as any OpenAI stream.
+Streaming (``stream: true``): the reply streams as the engine samples it (the transformers engine
+hands out every decoding step's tokens; engines that cannot stream, vLLM's here, give each sample
+whole once it is finished, see ``RolloutEngine.streams_tokens``). Each choice starts with a
+``{"role": "assistant"}`` chunk; then text deltas, decoded incrementally (only text whose
+decoding is stable: a character split over several tokens comes once it is whole; with ``stop``
+strings, text that may begin one is held back), with the chunk's tokens' ``logprobs`` when asked;
+choices of ``n > 1`` are interleaved, each chunk naming its ``index``. Only what the whole reply
+will parse to is sent: ``<think>`` text goes to ``reasoning_content`` deltas, and with tools the
+text from a tool call's opening on is held back and sent, once the reply is complete, as
+``tool_calls`` deltas (or as content when the call is malformed), as in a non-streaming answer.
+The last chunk of a choice carries its ``finish_reason``; ``stream_options.include_usage`` adds a
+usage chunk. Concatenated, the deltas are exactly the non-streaming message, and the Experience
+is recorded exactly as without streaming, once the sample is complete. A client that closes the
+stream early cancels the call (the engine stops sampling it) and nothing is recorded.
 
 Bad requests are answered with OpenAI's error object, ``{"error": {"message", "type", "param",
 "code"}}``: 400 for invalid fields and unsupported options, 401 for a missing or wrong API key,
@@ -49,7 +60,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -57,9 +68,11 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trinity.explorer.openai_api.reasoning import get_reasoning_parser
+from trinity.explorer.engines.base import StreamEnd, StreamItem
+from trinity.explorer.openai_api.reasoning import get_reasoning_parser, get_reasoning_stream_prefix
 from trinity.explorer.openai_api.schema import (
     APIError,
     ChatCompletionRequest,
@@ -70,7 +83,11 @@ from trinity.explorer.openai_api.schema import (
     template_messages,
     validation_message,
 )
-from trinity.explorer.openai_api.tool_parsers import ParsedReply, get_tool_call_parser
+from trinity.explorer.openai_api.tool_parsers import (
+    ParsedReply,
+    get_tool_call_parser,
+    get_tool_call_stream_prefix,
+)
 
 if TYPE_CHECKING:
     from trinity.experience import Experience
@@ -305,6 +322,15 @@ async def _chat(model: ModelWrapper, body: ChatCompletionRequest) -> Response:
     messages = template_messages(body.messages)
     args = body.rollout_args()
     _check_args(model, args)
+    if body.stream:
+        first, stream = await _open_stream(
+            lambda: model._stream_chat(
+                messages, tools=tools, chat_template_kwargs=body.chat_template_kwargs, **args
+            ),
+            "chat completion",
+        )
+        chunks = _chat_stream(model, body, first, stream, messages, tools, reasoning_parser, tool_parser)
+        return _sse(chunks, stream)
     try:
         experiences = await model._sample_chat_async(
             messages, tools=tools, chat_template_kwargs=body.chat_template_kwargs, **args
@@ -335,8 +361,6 @@ async def _chat(model: ModelWrapper, body: ChatCompletionRequest) -> Response:
         "choices": choices,
         "usage": _usage(experiences, experiences[0].prompt_length if experiences else 0),
     }
-    if body.stream:
-        return _sse(_chat_chunks(completion, body.include_usage))
     return JSONResponse(completion)
 
 
@@ -364,10 +388,13 @@ def _token_strings(tokenizer: Any, ids: list[int]) -> list[str]:
 def _chat_logprobs(tokenizer: Any, exp: Experience) -> list[dict[str, Any]]:
     if exp.logprobs is None:
         return []
-    ids = exp.tokens[exp.prompt_length :].tolist()
+    return _logprob_entries(tokenizer, exp.tokens[exp.prompt_length :].tolist(), exp.logprobs.tolist())
+
+
+def _logprob_entries(tokenizer: Any, ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
     return [
         {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8")), "top_logprobs": []}
-        for s, lp in zip(_token_strings(tokenizer, ids), exp.logprobs.tolist())
+        for s, lp in zip(_token_strings(tokenizer, ids), logprobs)
     ]
 
 
@@ -414,9 +441,105 @@ def _usage(experiences: list[Experience], prompt_tokens: int) -> dict[str, int]:
     }
 
 
-def _chat_chunks(completion: dict[str, Any], include_usage: bool) -> Iterator[dict[str, Any]]:
-    head = {k: completion[k] for k in ("id", "created", "model")}
-    head["object"] = "chat.completion.chunk"
+# -- streaming -------------------------------------------------------------------------------
+
+
+async def _open_stream(
+    make: Callable[[], AsyncIterator[StreamItem]], what: str
+) -> tuple[StreamItem, AsyncIterator[StreamItem]]:
+    """The engine's stream and its first item: what fails before that (a bad template, an engine
+    error) is answered with an error status, as without streaming."""
+    try:
+        stream = make()
+        first = await stream.__anext__()
+    except StopAsyncIteration:
+        raise APIError(500, "the engine's stream ended without a result", type="server_error") from None
+    except _CLIENT_ERRORS as exc:
+        raise bad_request(f"{type(exc).__name__}: {exc}") from None
+    except Exception as exc:
+        logger.exception("%s failed", what)
+        raise APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", type="server_error") from None
+    return first, stream
+
+
+async def _items(first: StreamItem, rest: AsyncIterator[StreamItem]) -> AsyncIterator[StreamItem]:
+    """``first``, then the rest of the stream (closed by its owner, not here)."""
+    yield first
+    async for item in rest:
+        yield item
+
+
+class _StreamText:
+    """The text of one sample's tokens so far, decoded incrementally as vLLM's detokenizer does:
+    each new piece is decoded with the few tokens before it (tokenizers that drop a word's leading
+    space at the start of a decode get the context they need), and only once it does not end in
+    an incomplete character (U+FFFD). With stop strings, the text is cut before the first one and
+    the characters that may begin one are held back."""
+
+    def __init__(self, tokenizer: Any, stop: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.ids: list[int] = []
+        self.prefix_offset = self.read_offset = 0
+        self.decoded = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, ids: list[int]) -> str:
+        """Add tokens; the text so far that the whole response's text is sure to start with."""
+        self.ids.extend(ids)
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        now = self._decode(self.ids[self.prefix_offset :])
+        if len(now) > len(before) and not now.endswith("\ufffd"):
+            self.decoded += now[len(before) :]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        text = self.decoded
+        if self.stop:
+            hits = [text.find(s) for s in self.stop if s in text]
+            text = text[: min(hits)] if hits else text[: len(text) - self.hold]
+        return text
+
+
+class _Sent:
+    """What one choice's deltas carried so far, field by field."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, str] = {}
+
+    def delta(self, values: dict[str, str], final: bool = False) -> dict[str, str]:
+        """The new part of each field (``values`` must extend what was sent)."""
+        out: dict[str, str] = {}
+        for name, value in values.items():
+            sent = self.fields.get(name, "")
+            if len(value) <= len(sent):
+                continue
+            if not value.startswith(sent):  # cannot happen with prefix-safe parsers; never resend
+                if final:
+                    logger.warning("streamed %s diverged from the final reply; the rest is not sent", name)
+                continue
+            out[name] = value[len(sent) :]
+            self.fields[name] = value
+        return out
+
+
+async def _chat_stream(
+    model: ModelWrapper,
+    body: ChatCompletionRequest,
+    first: StreamItem,
+    stream: AsyncIterator[StreamItem],
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    reasoning_parser: Callable[[str], tuple[str | None, str]] | None,
+    tool_parser: Callable[[str], ParsedReply] | None,
+) -> AsyncIterator[dict[str, Any]]:
+    tokenizer = model.tokenizer
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": model.name}  # fmt: skip
+    reasoning_prefix = get_reasoning_stream_prefix(model.reasoning_parser) if reasoning_parser else None
+    tool_prefix = get_tool_call_stream_prefix(model.tool_call_parser) if tool_parser else None  # type: ignore[arg-type]
+    stop = model.engine.sampling_args(**body.rollout_args()).stop
 
     def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict:
         return {
@@ -424,28 +547,84 @@ def _chat_chunks(completion: dict[str, Any], include_usage: bool) -> Iterator[di
             "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         }
 
-    for choice in completion["choices"]:
-        i, message = choice["index"], choice["message"]
-        first: dict[str, Any] = {"role": "assistant", "content": ""}
-        if "reasoning_content" in message:
-            first["reasoning_content"] = message["reasoning_content"]
-        yield chunk(i, first, choice["logprobs"])
-        if message.get("content"):
-            yield chunk(i, {"content": message["content"]})
-        for k, call in enumerate(message.get("tool_calls", ())):
-            yield chunk(i, {"tool_calls": [{"index": k, **call}]})
-        yield chunk(i, {}, finish=choice["finish_reason"])
-    if include_usage:
-        yield {**head, "choices": [], "usage": completion["usage"]}
+    texts = [_StreamText(tokenizer, stop) for _ in range(body.n)]
+    sent = [_Sent() for _ in range(body.n)]
+
+    def safe_fields(text: str) -> dict[str, str]:
+        reasoning, content = reasoning_prefix(text) if reasoning_prefix else ("", text)
+        return {"reasoning_content": reasoning, "content": tool_prefix(content) if tool_prefix else content}
+
+    try:
+        for i in range(body.n):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        end: StreamEnd | None = None
+        async for item in _items(first, stream):
+            if isinstance(item, StreamEnd):
+                end = item
+                break
+            delta = sent[item.index].delta(safe_fields(texts[item.index].add(item.token_ids)))
+            logprobs = None
+            if body.logprobs:
+                logprobs = {"content": _logprob_entries(tokenizer, item.token_ids, item.logprobs)}
+            if delta or logprobs:
+                yield chunk(item.index, delta, logprobs)
+        if end is None:
+            raise RuntimeError("the engine's stream ended without its Experiences")
+
+        finals = []
+        for exp in end.experiences:
+            message, parsed = _assistant_message(exp.response_text or "", reasoning_parser, tool_parser)
+            finish = "tool_calls" if parsed.tool_calls else exp.info.get("finish_reason", "stop")
+            finals.append((message, finish))
+            _annotate(exp, messages, message, tools, parsed)
+        model._record(end.experiences)  # complete: recorded as a call that does not stream
+
+        for i, (message, finish) in enumerate(finals):
+            rest = sent[i].delta(
+                {
+                    "reasoning_content": message.get("reasoning_content") or "",
+                    "content": message["content"] or "",
+                },
+                final=True,
+            )
+            if rest:
+                yield chunk(i, rest)
+            for k, call in enumerate(message.get("tool_calls", ())):
+                yield chunk(i, {"tool_calls": [{"index": k, **call}]})
+            yield chunk(i, {}, finish=finish)
+        if body.include_usage:
+            usage = _usage(end.experiences, end.experiences[0].prompt_length if end.experiences else 0)
+            yield {**head, "choices": [], "usage": usage}
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
 
 
-def _sse(chunks: Iterator[dict[str, Any]]) -> StreamingResponse:
-    def events() -> Iterator[str]:
-        for item in chunks:
-            yield f"data: {json.dumps(item)}\n\n"
+def _sse(chunks: AsyncIterator[dict[str, Any]], stream: AsyncIterator[StreamItem]) -> StreamingResponse:
+    """Server-sent events: one ``data:`` line per chunk, then ``[DONE]``. An engine failure
+    mid-stream is sent as an OpenAI error object (clients raise it). After the response, also
+    when the client went away mid-stream, the chunks and the engine's ``stream`` are closed:
+    closing an unfinished stream cancels the call."""
+
+    async def close() -> None:
+        await chunks.aclose()  # type: ignore[attr-defined]
+        await stream.aclose()  # type: ignore[attr-defined]
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for item in chunks:
+                yield f"data: {json.dumps(item)}\n\n"
+        except Exception as exc:
+            logger.exception("streamed completion failed")
+            error = error_body(f"the engine failed: {type(exc).__name__}: {exc}", type="server_error")
+            yield f"data: {json.dumps(error)}\n\n"
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    # Runs after the response, also when a disconnect cancelled it mid-stream.
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        background=BackgroundTask(chunks.aclose),  # type: ignore[attr-defined]
+    )
 
 
 # -- /v1/completions -------------------------------------------------------------------------
@@ -454,6 +633,9 @@ def _sse(chunks: Iterator[dict[str, Any]]) -> StreamingResponse:
 async def _complete(model: ModelWrapper, body: CompletionRequest) -> Response:
     args = body.rollout_args()
     _check_args(model, args)
+    if body.stream:
+        first, stream = await _open_stream(lambda: model._stream(body.prompts, **args), "completion")
+        return _sse(_completion_stream(model, body, first, stream), stream)
     try:
         experiences = await model._sample_async(body.prompts, **args)
     except _CLIENT_ERRORS as exc:
@@ -474,17 +656,8 @@ async def _complete(model: ModelWrapper, body: CompletionRequest) -> Response:
             "finish_reason": exp.info.get("finish_reason", "stop"),
         }
         if body.logprobs is not None and exp.logprobs is not None:
-            strings = _token_strings(tokenizer, exp.tokens[exp.prompt_length :].tolist())
-            offsets, at = [], 0
-            for s in strings:
-                offsets.append(at)
-                at += len(s)
-            choice["logprobs"] = {
-                "tokens": strings,
-                "token_logprobs": exp.logprobs.tolist(),
-                "top_logprobs": None,
-                "text_offset": offsets,
-            }
+            ids = exp.tokens[exp.prompt_length :].tolist()
+            choice["logprobs"], _ = _completion_logprobs(tokenizer, ids, exp.logprobs.tolist(), 0)
         choices.append(choice)
         exp.action_mask = torch.ones(exp.response_length, dtype=torch.bool)
     model._record(experiences)
@@ -498,16 +671,66 @@ async def _complete(model: ModelWrapper, body: CompletionRequest) -> Response:
         "choices": choices,
         "usage": _usage(experiences, prompt_tokens),
     }
-    if body.stream:
-        return _sse(_completion_chunks(completion, body.include_usage))
     return JSONResponse(completion)
 
 
-def _completion_chunks(completion: dict[str, Any], include_usage: bool) -> Iterator[dict[str, Any]]:
-    head = {k: completion[k] for k in ("id", "object", "created", "model")}
-    for choice in completion["choices"]:
-        yield {**head, "choices": [{**choice, "finish_reason": None}]}
-        yield {**head, "choices": [{"index": choice["index"], "text": "", "logprobs": None,
-                                    "finish_reason": choice["finish_reason"]}]}  # fmt: skip
-    if include_usage:
-        yield {**head, "choices": [], "usage": completion["usage"]}
+def _completion_logprobs(
+    tokenizer: Any, ids: list[int], logprobs: list[float], at: int
+) -> tuple[dict[str, Any], int]:
+    """The ``logprobs`` object of ``ids`` whose text starts at offset ``at``, and the next offset."""
+    strings = _token_strings(tokenizer, ids)
+    offsets = []
+    for s in strings:
+        offsets.append(at)
+        at += len(s)
+    return {"tokens": strings, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": offsets}, at
+
+
+async def _completion_stream(
+    model: ModelWrapper, body: CompletionRequest, first: StreamItem, stream: AsyncIterator[StreamItem]
+) -> AsyncIterator[dict[str, Any]]:
+    import torch
+
+    tokenizer = model.tokenizer
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": model.name}  # fmt: skip
+    stop = model.engine.sampling_args(**body.rollout_args()).stop
+    count = len(body.prompts) * body.n  # choice i is sample i % n of prompt i // n
+    texts = [_StreamText(tokenizer, stop) for _ in range(count)]
+    sent = [_Sent() for _ in range(count)]
+    offsets = [0] * count
+
+    def chunk(index: int, text: str, logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
+        return {
+            **head,
+            "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+        }
+
+    try:
+        end: StreamEnd | None = None
+        async for item in _items(first, stream):
+            if isinstance(item, StreamEnd):
+                end = item
+                break
+            i = item.index
+            delta = sent[i].delta({"text": texts[i].add(item.token_ids)}).get("text", "")
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs, offsets[i] = _completion_logprobs(
+                    tokenizer, item.token_ids, item.logprobs, offsets[i]
+                )
+            if delta or logprobs:
+                yield chunk(i, delta, logprobs)
+        if end is None:
+            raise RuntimeError("the engine's stream ended without its Experiences")
+        for exp in end.experiences:
+            exp.action_mask = torch.ones(exp.response_length, dtype=torch.bool)
+        model._record(end.experiences)
+        for i, exp in enumerate(end.experiences):
+            rest = sent[i].delta({"text": exp.response_text or ""}, final=True).get("text", "")
+            yield chunk(i, rest, finish=exp.info.get("finish_reason", "stop"))
+        if body.include_usage:
+            prompt_tokens = sum(e.prompt_length for e in end.experiences[:: body.n])
+            yield {**head, "choices": [], "usage": _usage(end.experiences, prompt_tokens)}
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]

@@ -17,6 +17,11 @@ Parsers (names as in vLLM's ``--tool-call-parser``):
 - ``llama3_json``: the whole reply is one or more JSON objects ``{"name": ..., "parameters": {...}}``
   (separated by ``;`` or whitespace), optionally after ``<|python_tag|>`` (Llama 3.1+ JSON tool
   calling). A reply not starting with ``{`` is plain content.
+
+Streaming (:func:`get_tool_call_stream_prefix`): for the reply text so far, the prefix of the
+parsed ``content`` that no continuation can change. Since parsing is all-or-nothing (a later
+malformed call turns everything back into content), a stream holds the text back from the first
+call's opening on and sends the calls (or that text) once the reply is complete.
 """
 
 from __future__ import annotations
@@ -141,6 +146,48 @@ def parse_llama3_json(text: str) -> ParsedReply:
         while pos < len(body) and (body[pos].isspace() or body[pos] == ";"):
             pos += 1
     return ParsedReply(None, calls)
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:size]):
+            return size
+    return 0
+
+
+def hermes_stream_prefix(text: str) -> str:
+    """The content a reply starting with ``text`` has whatever follows (see the module
+    docstring): the text before the first ``<tool_call>`` (or what may start one), without
+    trailing whitespace (dropped when calls follow); nothing when it starts with whitespace
+    (kept without calls, dropped with them)."""
+    if not text or text[0].isspace():
+        return ""
+    cut = text.find(HERMES_OPEN)
+    if cut < 0:
+        cut = len(text) - _partial_suffix(text, HERMES_OPEN)
+    return text[:cut].rstrip()
+
+
+def llama3_json_stream_prefix(text: str) -> str:
+    """All of ``text`` once it is sure to be plain content (it does not open with ``{`` or the
+    python tag); nothing before."""
+    body = text.lstrip()
+    if not body or body.startswith(("{", PYTHON_TAG)) or PYTHON_TAG.startswith(body):
+        return ""
+    return text
+
+
+TOOL_CALL_STREAM_PREFIXES: dict[str, Callable[[str], str]] = {
+    "hermes": hermes_stream_prefix,
+    "llama3_json": llama3_json_stream_prefix,
+}
+
+
+def get_tool_call_stream_prefix(name: str) -> Callable[[str], str]:
+    """For parser ``name``: reply text so far -> the prefix of the parsed content it is sure of."""
+    get_tool_call_parser(name)
+    return TOOL_CALL_STREAM_PREFIXES[name]
 
 
 TOOL_CALL_PARSERS: dict[str, Callable[[str], ParsedReply]] = {
