@@ -25,10 +25,17 @@ PACKAGES = [
     "trinity-plugins-agents",
 ]
 
+# Extras installed with a package so that its optional tests run: AgentScope (ReAct workflows)
+# and ALFWorld (its text games; builds fast-downward and jericho from source, a few minutes on a
+# fresh machine).
+PACKAGE_EXTRAS = {"trinity-plugins-agents": "[agentscope,alfworld]"}
+
 
 def install_trinity(session: nox.Session, extras: str = "dev") -> None:
     session.install(TORCH_SPEC)
-    session.install("-e", f"trinity-core[{extras}]", *(f"-e{p}" for p in PACKAGES[1:]))
+    session.install(
+        "-e", f"trinity-core[{extras}]", *(f"-e{p}{PACKAGE_EXTRAS.get(p, '')}" for p in PACKAGES[1:])
+    )
 
 
 @nox.session(python=PYTHON)
@@ -61,6 +68,13 @@ def quickstart(session: nox.Session) -> None:
     """The README's main command: the CPU quickstart."""
     install_trinity(session)
     session.run("python", "examples/quickstart/run.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def agents_example(session: nox.Session) -> None:
+    """The CPU agent example: a tiny model learns FrozenLake, SFT then step-wise multi-turn RL."""
+    install_trinity(session)
+    session.run("python", "examples/agents/run.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

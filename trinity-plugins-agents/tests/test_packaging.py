@@ -11,7 +11,19 @@ from pathlib import Path
 from trinity_agents.tasks import frozen_lake_rows, toolcall_rows
 from trinity_agents.tasks import main as tasks_main
 
-WORKFLOWS = ["frozen_lake_workflow", "toolcall_workflow"]
+WORKFLOWS = sorted(
+    [
+        "frozen_lake_workflow",
+        "toolcall_workflow",
+        "alfworld_workflow",
+        "step_wise_alfworld_workflow",
+        "agentscope_react_workflow",
+        "agentscope_react_math_workflow",
+        "agentscopev0_react_math_workflow",
+        "agentscope_frozen_lake_workflow",
+        "examples.agentscope_frozenlake.workflow.FrozenLakeWorkflow",
+    ]
+)
 
 
 def test_entry_point_is_registered():
@@ -27,7 +39,7 @@ def test_hooks_import_without_torch_or_gymnasium():
         "registered = {}\n"
         "hooks.register_workflows(register=lambda name, cls: registered.setdefault(name, cls))\n"
         "print('NAMES', sorted(registered))\n"
-        "heavy = sorted(m for m in ('torch', 'transformers', 'gymnasium', 'numpy', 'ray') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'gymnasium', 'numpy', 'ray', 'agentscope') if m in sys.modules)\n"
         "print('HEAVY', heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -56,7 +56,7 @@ _ALGOS = "pip install trinity-plugins-algos"
 @registers(
     "workflow",
     "trinity.workflow:Workflow",
-    "pip install trinity-plugins-math (math), trinity-plugins-webshop (webshop) or trinity-plugins-agents (tool calling, FrozenLake)",
+    "pip install trinity-plugins-math (math), trinity-plugins-webshop (webshop) or trinity-plugins-agents (tool calling, FrozenLake, ALFWorld, AgentScope ReAct)",
 )
 def register_workflows(register: Register) -> None:
     """Register ``Workflow`` subclasses (kind ``workflow``), e.g. ``register("math_workflow", MathWorkflow)``."""

@@ -8,6 +8,12 @@ Public API (imported lazily, so ``import trinity_agents`` stays cheap):
   :func:`toolcall_reward` (:mod:`trinity_agents.toolcall`).
 - :class:`FrozenLakeWorkflow` (``frozen_lake_workflow``), :func:`generate_random_map`
   (:mod:`trinity_agents.frozen_lake`).
+- :class:`AlfworldWorkflow` (``alfworld_workflow``), :class:`StepWiseAlfworldWorkflow`
+  (``step_wise_alfworld_workflow``) (:mod:`trinity_agents.alfworld`; extra ``alfworld``).
+- :class:`AgentScopeReActWorkflow` (``agentscope_react_workflow``) and its math variants,
+  :class:`AgentScopeFrozenLakeWorkflow` (``agentscope_frozen_lake_workflow``)
+  (:mod:`trinity_agents.agentscope_react`, :mod:`trinity_agents.agentscope_frozen_lake`;
+  extra ``agentscope``); :func:`run_python`, :func:`calculate` (:mod:`trinity_agents.sandbox`).
 - :class:`ScriptedEngine`, :func:`scripted_model` — a policy-driven engine for tests
   (:mod:`trinity_agents.scripted`).
 """
@@ -29,6 +35,14 @@ _EXPORTS = {
     "toolcall_reward": "trinity_agents.toolcall",
     "FrozenLakeWorkflow": "trinity_agents.frozen_lake",
     "generate_random_map": "trinity_agents.frozen_lake",
+    "AlfworldWorkflow": "trinity_agents.alfworld",
+    "StepWiseAlfworldWorkflow": "trinity_agents.alfworld",
+    "AgentScopeReActWorkflow": "trinity_agents.agentscope_react",
+    "AgentScopeReactMathWorkflow": "trinity_agents.agentscope_react",
+    "AgentScopeV0ReactMathWorkflow": "trinity_agents.agentscope_react",
+    "AgentScopeFrozenLakeWorkflow": "trinity_agents.agentscope_frozen_lake",
+    "run_python": "trinity_agents.sandbox",
+    "calculate": "trinity_agents.sandbox",
     "ScriptedEngine": "trinity_agents.scripted",
     "scripted_model": "trinity_agents.scripted",
 }

@@ -12,9 +12,30 @@ from trinity import hookimpl
 
 @hookimpl
 def register_workflows(register):
-    """Register ``toolcall_workflow`` and ``frozen_lake_workflow`` (Trinity-RFT's names)."""
+    """Register the workflows under Trinity-RFT's names (``toolcall_workflow``,
+    ``frozen_lake_workflow``, the AgentScope ReAct workflows...)."""
     from trinity_agents.frozen_lake import FrozenLakeWorkflow
     from trinity_agents.toolcall import ToolCallWorkflow
 
     register("toolcall_workflow", ToolCallWorkflow)
     register("frozen_lake_workflow", FrozenLakeWorkflow)
+    # AgentScope ReAct agents (extra `agentscope`): agentscope is imported only when one runs.
+    from trinity_agents.agentscope_frozen_lake import UPSTREAM_CLASS_PATH, AgentScopeFrozenLakeWorkflow
+    from trinity_agents.agentscope_react import (
+        AgentScopeReactMathWorkflow,
+        AgentScopeReActWorkflow,
+        AgentScopeV0ReactMathWorkflow,
+    )
+
+    register("agentscope_react_workflow", AgentScopeReActWorkflow)
+    register("agentscope_react_math_workflow", AgentScopeReactMathWorkflow)
+    register("agentscopev0_react_math_workflow", AgentScopeV0ReactMathWorkflow)
+    register("agentscope_frozen_lake_workflow", AgentScopeFrozenLakeWorkflow)
+    # Trinity-RFT's frozenlake_agent.yaml names its example file's class; registered names are
+    # looked up before class paths are imported, so that config resolves to this workflow.
+    register(UPSTREAM_CLASS_PATH, AgentScopeFrozenLakeWorkflow)
+    # ALFWorld: alfworld / textworld (extra `alfworld`) are imported only when a game starts.
+    from trinity_agents.alfworld import AlfworldWorkflow, StepWiseAlfworldWorkflow
+
+    register("alfworld_workflow", AlfworldWorkflow)
+    register("step_wise_alfworld_workflow", StepWiseAlfworldWorkflow)

@@ -148,11 +148,38 @@ def _template(tools: Any, chat_template_kwargs: Any) -> dict[str, Any]:
     return out
 
 
-def scripted_model(policy: Policy, tokenizer: Any = None, **engine_kwargs: Any) -> ModelWrapper:
-    """The real :class:`~trinity.explorer.model_wrapper.ModelWrapper` over a :class:`ScriptedEngine`."""
+def scripted_model(
+    policy: Policy,
+    tokenizer: Any = None,
+    *,
+    wrapper_kwargs: Mapping[str, Any] | None = None,
+    **engine_kwargs: Any,
+) -> ModelWrapper:
+    """The real :class:`~trinity.explorer.model_wrapper.ModelWrapper` over a :class:`ScriptedEngine`.
+
+    ``wrapper_kwargs`` go to the wrapper: e.g. ``{"enable_history": True, "tool_call_parser":
+    "hermes", "enable_auto_tool_choice": True}`` for agents that talk to the OpenAI API
+    (:func:`scripted_openai_model`); call ``close()`` on the wrapper to stop its server.
+    """
     from trinity.explorer.model_wrapper import ModelWrapper
 
-    return ModelWrapper(ScriptedEngine(policy, tokenizer, **engine_kwargs))
+    return ModelWrapper(ScriptedEngine(policy, tokenizer, **engine_kwargs), **dict(wrapper_kwargs or {}))
 
 
-__all__ = ["Policy", "ScriptedEngine", "scripted_model"]
+def scripted_openai_model(policy: Policy, tokenizer: Any = None, **engine_kwargs: Any) -> ModelWrapper:
+    """:func:`scripted_model` configured as Trinity-RFT's agent examples configure the rollout
+    model: history recorded, ``tool_call_parser: hermes``, ``enable_auto_tool_choice``. Its
+    OpenAI API starts on first use (``get_openai_async_client()``); ``close()`` stops it."""
+    return scripted_model(
+        policy,
+        tokenizer,
+        wrapper_kwargs={
+            "enable_history": True,
+            "tool_call_parser": "hermes",
+            "enable_auto_tool_choice": True,
+        },
+        **engine_kwargs,
+    )
+
+
+__all__ = ["Policy", "ScriptedEngine", "scripted_model", "scripted_openai_model"]
