@@ -14,6 +14,7 @@ from trinity_agents.frozen_lake import (
     SYSTEM_PROMPT,
     FrozenLakeWorkflow,
     check_map,
+    compact_grid,
     format_observation,
     generate_random_map,
     oracle_action,
@@ -205,6 +206,32 @@ def test_invalid_replies_keep_the_player_and_are_reported():
 def test_agent_max_steps_bounds_the_turns():
     _model, [exp] = play(lambda m: "```Up```", desc=["FG", "SF"], agent_max_steps=3)  # Up: G is not above S
     assert exp.info["env_steps"] == 3 and exp.info["terminate_reason"] == "max_turns" and exp.reward == 0.0
+
+
+def test_compact_protocol_shows_the_bare_grid_without_a_system_prompt():
+    replies = iter(["no idea", "```Down```", "```Right```"])
+    model, [exp] = play(lambda m: next(replies), desc=["SH", "FG"], compact=True)
+    assert exp.reward == 1.0 and exp.info["env_steps"] == 3 and exp.info["invalid_actions"] == 1
+    messages = model.engine.calls[-1]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["PO\n_G", "PO\n_G", "_O\nPG"]
+    assert compact_grid(render(["SH", "FG"], (1, 0))) == "_O\nPG"
+    # format.system_prompt still sets one; the oracle plays the compact grid as well
+    task = make_task({"seed": 11, "size": 5, "p": 0.8}, compact="true")
+    task.format_args.system_prompt = "Walk to G."
+    model = scripted_model(lambda m: f"```{oracle_action(render_padded(m[-1]['content']))}```")
+    [exp] = FrozenLakeWorkflow(task=task, model=model).run()
+    assert exp.reward == 1.0 and model.engine.calls[0]["messages"][0] == {
+        "role": "system",
+        "content": "Walk to G.",
+    }
+    with pytest.raises(ValueError, match="compact must be true or false"):
+        FrozenLakeWorkflow(task=make_task(compact="maybe"), model=model)
+
+
+def render_padded(compact: str) -> str:
+    """A compact grid in the padded form ``oracle_action`` reads."""
+    return "\n".join("".join(f" {c} \t" for c in line) for line in compact.split("\n"))
 
 
 def test_step_wise_episode_for_gigpo():

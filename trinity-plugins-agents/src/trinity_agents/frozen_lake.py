@@ -21,6 +21,10 @@ episode; a hole ends it with 0.
 ``env_max_steps``   maps are drawn so that the goal is at most this many moves away (8)
 ``is_slippery``     gymnasium's slippery ice: a move may go sideways (default false)
 ``desc``            a fixed map for every task, as rows of ``S``/``F``/``H``/``G``
+``compact``         a short protocol for small-context models (default false): no system
+                    prompt unless ``format.system_prompt`` sets one, and each observation is
+                    the bare grid, one character per cell (``P``, ``_``, ``O``, ``G``), one
+                    line per row (:func:`compact_grid`); replies are the same
 ==================  ================================================================
 """
 
@@ -210,6 +214,12 @@ def oracle_action(observation: str) -> str | None:
     return None
 
 
+def compact_grid(grid: str) -> str:
+    """The rendered grid in ``grid`` with one character per cell and no padding (the
+    observation of ``workflow_args.compact``): ``"_P\nOG"``."""
+    return "\n".join("".join(row) for row in parse_grid(grid))
+
+
 def format_observation(grid: str, turn: int, remaining: int, last_invalid: bool) -> str:
     """The user message of a turn."""
     text = (
@@ -254,6 +264,7 @@ class FrozenLakeWorkflow(MultiTurnWorkflow):
         args = self.workflow_args
         self.env_max_steps = positive_int(args.get("env_max_steps", 8), "env_max_steps")
         self.is_slippery = as_bool(args.get("is_slippery", False), "is_slippery")
+        self.compact = as_bool(args.get("compact", False), "compact")
         raw = task.raw_task or {}
         try:
             self.seed = int(raw.get("seed", 42))
@@ -302,12 +313,16 @@ class FrozenLakeWorkflow(MultiTurnWorkflow):
 
     # -- protocol --------------------------------------------------------------------------
 
-    def system_prompt(self) -> str:
+    def system_prompt(self) -> str | None:
+        if self.compact:
+            return self.task.format_args.system_prompt or None
         return self.task.format_args.system_prompt or SYSTEM_PROMPT
 
     def format_observation(self, observation: Any, turn: int) -> str:
         last_invalid = turn > 0 and observation == self._previous
         self._previous = observation
+        if self.compact:
+            return compact_grid(str(observation))
         return format_observation(str(observation), turn, self.max_turns - turn, last_invalid)
 
     def episode_info(self, episode: Episode) -> dict[str, Any]:
@@ -325,6 +340,7 @@ __all__ = [
     "SYSTEM_PROMPT",
     "FrozenLakeWorkflow",
     "check_map",
+    "compact_grid",
     "format_observation",
     "generate_random_map",
     "oracle_action",
