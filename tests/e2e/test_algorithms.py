@@ -5,7 +5,10 @@ stage starts from the previous stage's weights, so "its weights changed" compare
 checkpoint with the previous stage's. Rewards come from ``varied_reward`` (a test plugin) so
 rollout groups have a spread and every group-baseline algorithm gets a gradient; the step-wise
 algorithms run the two-turn ``step_arith`` workflow, the distillation ones the math plugin's
-``on_policy_distill_math_workflow`` with the untrained model as teacher.
+``on_policy_distill_math_workflow`` with the untrained model as teacher. The last stage,
+``agentscope_react``, trains ``multi_step_grpo`` on an AgentScope ReAct agent (trinity-plugins-agents)
+that reaches the model only through the explorer's OpenAI API server, from the calls it recorded;
+``frozen_lake`` trains it on FrozenLake episodes (``MultiTurnWorkflow``, step-wise).
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RL = ["topr", "sapo", "sppo", "rec", "grpo_verl", "raft", "mix_chord"]
 STEP_WISE = ["multi_step_grpo", "gigpo"]
 DISTILL = ["on_policy_distill", "jsd"]
-STAGES = [*RL, *STEP_WISE, *DISTILL, "cpt"]
+AGENTS = ["agentscope_react", "frozen_lake"]
+STAGES = [*RL, *STEP_WISE, *DISTILL, "cpt", *AGENTS]
+#: Stages not named after their algorithm type.
+ALGORITHM = {"agentscope_react": "multi_step_grpo", "frozen_lake": "multi_step_grpo"}
 
 BASE = """
 project: e2e
@@ -37,7 +43,7 @@ algorithm:
   repeat_times: 2
 model:
   model_path: {root}/model
-  max_prompt_tokens: 256
+  max_prompt_tokens: 4096  # the agent stage's system prompt and tool schemas: ~1,500 tokens
   max_response_tokens: 8
 buffer:
   total_steps: 2
@@ -66,9 +72,13 @@ monitor: {{monitor_type: tensorboard}}
 
 def _stage(name: str, root: Path) -> dict:
     """The stage's keys: the algorithm type plus what it needs to run and to learn something."""
-    algorithm: dict = {"algorithm_type": name, "repeat_times": 2, "optimizer": {"lr": 1e-3}}
+    algorithm: dict = {
+        "algorithm_type": ALGORITHM.get(name, name),
+        "repeat_times": 2,
+        "optimizer": {"lr": 1e-3},
+    }
     stage: dict = {"stage_name": name, "algorithm": algorithm}
-    if name in ("topr", "sapo", "rec", "grpo_verl", "multi_step_grpo", "gigpo"):
+    if name in ("topr", "sapo", "rec", "grpo_verl", "multi_step_grpo", "gigpo", *AGENTS):
         algorithm["entropy_loss_fn_args"] = {"entropy_coef": 0.01}
     if name == "raft":
         # varied_reward gives 0, 0.5 or 1: keep the rollouts that scored at least 0.5.
@@ -100,6 +110,35 @@ def _stage(name: str, root: Path) -> dict:
                 {"model_path": str(root / "model"), "engine_type": "transformers", "dtype": "float32"}
             ]
         }
+    if name == "agentscope_react":
+        # With structured output and no tool call from the untrained model, an episode is
+        # max_iters model calls plus the one asking for the final answer: several Experiences.
+        stage["buffer"] = {
+            "train_batch_size": 64,
+            "explorer_input": {
+                "default_workflow_type": "agentscope_react_math_workflow",
+                "taskset": {"workflow_args": {"max_iters": 2}},
+            },
+        }
+        stage["explorer"] = {
+            "rollout_model": {
+                "enable_openai_api": True,
+                "enable_history": True,
+                "tool_call_parser": "hermes",
+                "enable_auto_tool_choice": True,
+            }
+        }
+    if name == "frozen_lake":
+        # The math model cannot write a move (no backtick in its vocabulary): every episode
+        # runs its two turns, reward 0; the entropy term still trains.
+        args = {"compact": True, "agent_max_steps": 2, "env_max_steps": 3, "step_wise": True}
+        stage["buffer"] = {
+            "train_batch_size": 64,
+            "explorer_input": {
+                "default_workflow_type": "frozen_lake_workflow",
+                "taskset": {"path": str(root / "frozen_lake"), "workflow_args": args},
+            },
+        }
     if name == "cpt":
         stage["mode"] = "train"
         stage["buffer"] = {
@@ -124,6 +163,11 @@ def _write_data(root: Path) -> None:
                 {"role": "assistant", "content": f"<think>{a}+1</think><answer>{a + 1}</answer>"},
             ]
             f.write(json.dumps({"messages": messages}) + "\n")
+    from trinity_agents.tasks import main as agent_tasks
+
+    agent_tasks(
+        ["frozen_lake", str(root / "frozen_lake"), "--train", "8", "--test", "2", "--map-max-size", "3"]
+    )
     (root / "corpus").mkdir()
     with (root / "corpus" / "train.jsonl").open("w") as f:
         for a in range(8):
@@ -190,3 +234,28 @@ def test_distillation_stages_saw_the_teachers_logprobs(job):
         scalars = read_scalars(job / "ckpt" / "e2e" / "algos" / name / "monitor" / "tensorboard" / "trainer")
         advantage = {tag for tag in scalars if tag.startswith("advantage/")}
         assert advantage, f"{name}: no advantage metrics were logged"
+
+
+def test_frozen_lake_stage_trained_on_every_turn(job):
+    from trinity.monitor.tensorboard import read_scalars
+
+    stage_dir = job / "ckpt" / "e2e" / "algos" / "frozen_lake" / "monitor" / "tensorboard"
+    trainer = read_scalars(stage_dir / "trainer")
+    # 2 tasks x 2 runs per step, two turns each (no valid move ends an episode early).
+    assert [v for _, v in trainer["training/num_trajectories"]] == [4.0, 4.0]
+    assert [v for _, v in trainer["trainer/num_experiences"]] == [8.0, 8.0]
+
+
+def test_agent_stage_trained_on_the_calls_its_openai_api_recorded(job):
+    from trinity.monitor.tensorboard import read_scalars
+
+    stage_dir = job / "ckpt" / "e2e" / "algos" / "agentscope_react" / "monitor" / "tensorboard"
+    trainer = read_scalars(stage_dir / "trainer")
+    sizes = [value for _, value in trainer["trainer/num_experiences"]]
+    episodes = [value for _, value in trainer["training/num_trajectories"]]
+    # 2 tasks x 2 runs per step; every episode is several recorded model calls.
+    assert episodes == [4.0, 4.0] and all(s > e for s, e in zip(sizes, episodes)), (sizes, episodes)
+    explorer = read_scalars(stage_dir / "explorer")
+    calls = [value for _, value in explorer["rollout/model_calls"]]
+    assert len(calls) == 2 and all(c >= 2 for c in calls), calls
+    assert [value for _, value in explorer["rollout/failed_tasks"]] == [0.0, 0.0]

@@ -296,3 +296,34 @@ def test_a_tasks_samples_depend_on_the_task_not_on_runner_or_order(engine):
     a = model.chat([{"role": "user", "content": "x"}], n=2, max_tokens=6)
     b = model.chat([{"role": "user", "content": "x"}], n=2, max_tokens=6)
     assert [e.tokens.tolist() for e in a] != [e.tokens.tolist() for e in b]
+
+
+class HistoryOnce(Workflow):
+    """Records model calls; collects them only on its second attempt (the first one fails)."""
+
+    attempts = 0
+
+    def run(self):
+        type(self).attempts += 1
+        exps = self.model.chat([{"role": "user", "content": "hi"}], max_tokens=2, seed=0)
+        if type(self).attempts == 1:
+            raise ConnectionError("transient")
+        recorded = self.model.extract_experience_from_history()
+        for e in recorded:
+            e.reward = 1.0
+        assert len(recorded) == len(exps)  # nothing of the failed attempt
+        return recorded
+
+
+def test_the_history_holds_only_the_current_attempts_calls_and_never_grows(engine, caplog):
+    model = ModelWrapper(engine, enable_history=True)
+    HistoryOnce.attempts = 0
+    [result] = _pool(model).run_tasks([_task(HistoryOnce)])
+    assert result.ok and result.attempts == 2 and len(result.experiences) == 1
+    # ChatRepeat never collects what the history records: dropped after each task, said once.
+    with caplog.at_level(logging.WARNING, logger="trinity.explorer.runner"):
+        results = _pool(model).run_tasks([_task(ChatRepeat, i, repeat_times=2) for i in range(3)])
+    assert all(r.ok for r in results)
+    assert model.extract_experience_from_history() == []
+    warnings = [r for r in caplog.records if "left 2 recorded model calls" in r.getMessage()]
+    assert len(warnings) == 1 and "enable_history" in warnings[0].getMessage()

@@ -119,3 +119,16 @@ def test_a_batch_of_two_explorer_steps_waits_for_the_second_to_end(setup):
     metrics = trainer.train_step()
     assert time.monotonic() - start < 5
     assert metrics["trainer/empty_step"] == 1.0 and trainer.step == 1 and calls == []
+
+
+def test_a_step_wise_step_that_ends_under_the_bound_trains_without_a_warning(setup, caplog):
+    # Step-wise algorithms read one explorer step; train_batch_size only bounds it, so ending
+    # under it is normal (a timed-out read still warns, as above).
+    trainer, writer, calls = setup(max_read_timeout=30, train_batch_size=16)
+    trainer.step_wise, trainer.explore_steps_per_batch = True, 1.0  # as for multi_step_grpo
+    writer.write(_experiences(setup.tok, 1, 6))
+    writer.end_step(1)
+    with caplog.at_level(logging.WARNING, logger="trinity.trainer.trainer"):
+        metrics = trainer.train_step()
+    assert calls == [6] and metrics["trainer/num_experiences"] == 6.0
+    assert "training on" not in caplog.text, caplog.text

@@ -167,6 +167,7 @@ class WorkflowRunner:
         self.max_retry_times = max_retry_times
         self.runner_id = runner_id
         self._workflow: Workflow | None = None
+        self._warned_history = False
 
     def _workflow_for(self, task: Task) -> Workflow:
         cached = self._workflow
@@ -205,6 +206,17 @@ class WorkflowRunner:
                 items.append(item)
         return items
 
+    def _drop_history(self) -> int:
+        """Empty this runner's model history (its wrapper is the runner's own); how many calls
+        it held. Without this, a workflow that never collects the history would grow it for the
+        whole job."""
+        if getattr(self.model, "enable_history", False) is not True:
+            return 0
+        try:
+            return len(self.model.extract_experience_from_history(clear_history=True))
+        except Exception:  # a model double without history: nothing to drop
+            return 0
+
     async def run_task(self, task: Task) -> TaskResult:
         """Run ``task`` with timeout and retries; never raises for a workflow's fault."""
         result = TaskResult(task)
@@ -215,6 +227,7 @@ class WorkflowRunner:
             seed_calls = getattr(self.model, "seed_calls", None)
             if seed_calls is not None:  # the task's samples depend on the task, not on timing
                 seed_calls(f"{task_id(task)}/v{self.model.model_version}/attempt{attempt}")
+            self._drop_history()  # a failed attempt's calls are not this attempt's
             try:
                 items = await asyncio.wait_for(self._attempt(task), self.max_timeout)
                 result.error = None
@@ -236,6 +249,18 @@ class WorkflowRunner:
                 self.runner_id,
                 "; skipping it" if last else "; retrying",
                 result.error,
+            )
+        left = self._drop_history()
+        if left and not self._warned_history:
+            self._warned_history = True
+            logger.warning(
+                "task %s: its workflow (%s) left %d recorded model calls in the history "
+                "(explorer.rollout_model.enable_history is on but the workflow does not collect "
+                "them with extract_experience_from_history); each runner drops them after every "
+                "task. Said once per runner.",
+                task_id(task),
+                getattr(task.workflow, "__name__", task.workflow),
+                left,
             )
         if result.ok:
             result.experiences = _keep_valid(task, items, result.dropped)

@@ -107,7 +107,7 @@ class Trainer:
 
         Raises :class:`ExperienceTimeout` when nothing arrived within ``max_read_timeout``.
         """
-        from trinity.buffer.base import TIMED_OUT, BufferExhausted
+        from trinity.buffer.base import STEP_ENDED, TIMED_OUT, BufferExhausted
 
         next_step = self.step + 1
         reader = self.experience_reader
@@ -129,7 +129,10 @@ class Trainer:
         wanted = self.config.buffer.train_batch_size
         if not experiences:
             return self._empty_step(next_step)
-        if len(experiences) < wanted:
+        # Step-wise algorithms take one explorer step, train_batch_size only bounding it: a
+        # step that ended short of it is the normal case, not a loss.
+        normal_end = self.step_wise and reader.short_reason == STEP_ENDED
+        if len(experiences) < wanted and not normal_end:
             logger.warning(
                 "trainer step %d: training on %d of %d experiences (%s: the explorer's tasks "
                 "failed or were dropped)",
