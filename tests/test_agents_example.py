@@ -50,6 +50,9 @@ def test_config_is_sft_then_step_wise_rl_on_cpu_backends(monkeypatch, tmp_path, 
     evals = rl.buffer.explorer_input.eval_tasksets
     assert [t.name for t in evals] == ["heldout", "practice"]
     assert evals[0].path == f"{tmp_path}/data/heldout" and evals[0].split == "test"
+    # "practice" evaluates exactly the maps RL practises, each seen several times over the stage
+    assert (evals[1].path, evals[1].split) == (taskset.path, taskset.split)
+    assert rl.buffer.total_steps * rl.buffer.batch_size >= 4 * example.PRACTICE_MAPS
     for t in evals:  # greedy, on the same protocol
         assert t.rollout_args.temperature == 0.0 and t.workflow_args == args
 
@@ -64,6 +67,11 @@ def test_tasks_and_warmup_corpus(example, tmp_path):
     assert len(test) == 40 and 200 < len(train) < 300  # small maps repeat: the shared ones go
     assert not {example.map_key(r) for r in train} & {example.map_key(r) for r in test}
     assert (train, test) == example.make_tasks(train=300, test=40)  # deterministic
+
+    practice = example.practice_maps(train[100:], train[:100], count=20)
+    keys = [example.map_key(r) for r in practice]
+    assert len(practice) == 20 and len(set(keys)) == 20  # distinct maps
+    assert not set(keys) & {example.map_key(r) for r in train[:100] + test}
 
     corpus, walker = example.warmup_corpus(train[:30])
     assert corpus == example.warmup_corpus(train[:30])[0] and 0.3 < walker <= 1.0

@@ -7,9 +7,12 @@
    randomly initialised tiny character-level model into the work folder; nothing is downloaded;
 2. runs ``trinity run --config examples/agents/frozen_lake.yaml``: stage ``sft_warmup`` (a
    short supervised warm-up on those episodes, every move trained, that leaves the model far
-   from the walker) then stage ``rl`` (step-wise multi-turn GiGPO on the other train maps,
-   evaluated greedily on the held-out maps before the first step and every 10 steps);
-3. reads the eval success rate from the run's tensorboard files and prints it before and after RL.
+   from the walker) then stage ``rl`` (step-wise multi-turn GiGPO on a small fixed set of
+   PRACTICE_MAPS other train maps, each played about 10 times over the stage), evaluated
+   greedily before the first step and every 10 steps on exactly those maps ("practice") and on
+   the held-out maps ("heldout", generalisation);
+3. reads the eval success rates from the run's tensorboard files and prints both before and
+   after RL, with their curves and the wall time.
 
 The work folder is recreated on every run (it must be empty or an earlier run's).
 """
@@ -40,8 +43,10 @@ ENV_MAX_STEPS = 5
 MAX_TURNS = 6
 TRAIN_TASKS = 2000
 TEST_TASKS = 100
-PRACTICE_TASKS = 100  # of the RL train maps, evaluated as "practice"
 SFT_EPISODES = 1000  # episodes of the warm-up corpus, played on the first train maps
+# RL practises a small fixed set of maps, each many times (see frozen_lake.yaml), and the
+# "practice" eval plays exactly that set: distinct maps, none held-out, none in the warm-up corpus.
+PRACTICE_MAPS = 32
 # The warm-up walker: at each turn a random move with probability SFT_RANDOM, else the first
 # move of a shortest safe path. It teaches the protocol (read the grid, answer one move in
 # backticks, go on after the next observation) and a first idea of the way; 300 SFT steps leave
@@ -115,6 +120,21 @@ def make_tasks(train: int | None = None, test: int | None = None) -> tuple[list[
     return train_rows, test_rows
 
 
+def practice_maps(rows: list[dict], exclude: list[dict], count: int = PRACTICE_MAPS) -> list[dict]:
+    """The first ``count`` rows of ``rows`` with distinct maps, none of them a map of ``exclude``
+    (the warm-up corpus's)."""
+    seen = {map_key(r) for r in exclude}
+    out = []
+    for row in rows:
+        key = map_key(row)
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+            if len(out) == count:
+                break
+    return out
+
+
 def warmup_corpus(rows: list[dict], seed: int = SEED) -> tuple[list[dict], float]:
     """``{"messages": [...]}`` rows, one played episode each, and the walker's success rate."""
     rng = random.Random(seed)
@@ -148,16 +168,16 @@ def prepare(work: Path) -> None:
     (work / MARKER).write_text("made by examples/agents/run.py; deleted and recreated on each run\n")
 
     train, test = make_tasks()
-    sft_rows, rl_rows = train[:SFT_EPISODES], train[SFT_EPISODES:]
+    sft_rows = train[:SFT_EPISODES]
+    rl_rows = practice_maps(train[SFT_EPISODES:], sft_rows)
     corpus, walker = warmup_corpus(sft_rows)
     data = work / "data"
     write_jsonl(data / "heldout" / "test.jsonl", test)
     write_jsonl(data / "rl" / "train.jsonl", rl_rows)
-    write_jsonl(data / "practice" / "train.jsonl", rl_rows[:PRACTICE_TASKS])
     write_jsonl(data / "sft" / "train.jsonl", corpus)
     create_tiny_model(work / "model", seed=SEED, **MODEL)
     print(
-        f"[agents] {len(rl_rows)} RL train maps, {len(test)} held-out maps, {len(corpus)} warm-up "
+        f"[agents] {len(rl_rows)} practice maps for RL, {len(test)} held-out maps, {len(corpus)} warm-up "
         f"episodes (the walker reaches the goal in {walker:.0%}) in {data}; fresh tiny model in "
         f"{work / 'model'}",
         flush=True,
@@ -187,23 +207,33 @@ def eval_accuracy(job_dir: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def summary(config_path: Path, seconds: float) -> dict[str, float]:
-    """Print the held-out success rate before and after RL and where the results are."""
+    """Print the practice and held-out success rates before and after RL, their curves and where
+    the results are."""
     rl = job_dirs(config_path)[-1]
     evals = eval_accuracy(rl)
-    points = evals.get("heldout") or next(iter(evals.values()))
-    before, after = points[0][1], points[-1][1]
+    out: dict[str, float] = {"seconds": seconds}
     print("\n" + "=" * 72)
-    for label, (step, value) in (("after SFT, before RL", points[0]), ("after RL", points[-1])):
-        print(f"held-out success rate {label + ':':<22}{value:6.1%}  (RL step {step})")
-    print(f"change: {100 * (after - before):+.1f} points   wall time: {seconds / 60:.1f} min")
-    for name, series in evals.items():
-        print(f"eval {name}: " + ", ".join(f"step {s}: {v:.0%}" for s, v in series))
+    for name, label in (
+        ("practice", f"practice ({PRACTICE_MAPS} RL maps)"),
+        ("heldout", "held-out (100 maps)"),
+    ):
+        if name not in evals:
+            continue
+        (s0, before), (s1, after) = evals[name][0], evals[name][-1]
+        out[f"{name}_before"], out[f"{name}_after"] = before, after
+        print(
+            f"{label + ':':<27} {before:6.1%} (RL step {s0}) -> {after:6.1%} (RL step {s1})  "
+            f"{100 * (after - before):+.1f} points"
+        )
+    for name in sorted(evals, key=lambda n: n != "practice"):
+        print(f"eval {name}: " + ", ".join(f"step {s}: {v:.1%}" for s, v in evals[name]))
+    print(f"wall time: {seconds / 60:.1f} min (greedy success rates, one episode per map)")
     checkpoints = sorted(rl.glob("global_step_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
     if checkpoints:
         print(f"final weights (Hugging Face format): {checkpoints[-1]}")
     print(f"tensorboard logs: tensorboard --logdir {rl.parent}")
     print("=" * 72)
-    return {"before": before, "after": after, "seconds": seconds}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
