@@ -191,26 +191,13 @@ def job_dirs(config_path: Path) -> list[Path]:
     return [Path(stage.checkpoint_job_dir) for stage in stage_configs(load_config(config_path))]
 
 
-def eval_accuracy(job_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """``{taskset: [(step, success rate), ...]}`` of every evaluation in one stage."""
-    from trinity.monitor.tensorboard import read_scalars
-
-    scalars = read_scalars(job_dir / "monitor" / "tensorboard" / "explorer")
-    found = {
-        tag.split("/")[1]: points
-        for tag, points in scalars.items()
-        if tag.startswith("eval/") and tag.endswith("/accuracy") and tag.count("/") == 2
-    }
-    if not found:
-        raise RuntimeError(f"no eval/<taskset>/accuracy in {job_dir}/monitor/tensorboard/explorer")
-    return found
-
-
 def summary(config_path: Path, seconds: float) -> dict[str, float]:
     """Print the practice and held-out success rates before and after RL, their curves and where
     the results are."""
     rl = job_dirs(config_path)[-1]
-    evals = eval_accuracy(rl)
+    from trinity.monitor.tensorboard import eval_curves
+
+    evals = eval_curves(rl)
     out: dict[str, float] = {"seconds": seconds}
     print("\n" + "=" * 72)
     for name, label in (

@@ -52,6 +52,11 @@ def test_read_scalars_returns_what_was_logged(tmp_path):
     assert scalars == {"eval/t/accuracy": [(0, 0.25), (4, 0.75)], "rollout/reward_mean": [(4, 1.0)]}
     with pytest.raises(FileNotFoundError, match="no tensorboard folder"):
         read_scalars(tmp_path / "missing")
+    from trinity.monitor.tensorboard import eval_curves
+
+    assert eval_curves(config.job_dir) == {"t": [(0, 0.25), (4, 0.75)]}
+    with pytest.raises(RuntimeError, match="no eval/<taskset>/reward"):
+        eval_curves(config.job_dir, "reward")
 
 
 def test_console_plain_lines_when_not_a_tty():

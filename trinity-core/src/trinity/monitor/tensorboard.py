@@ -46,4 +46,21 @@ class TensorboardMonitor(Monitor):
         self._writer.close()
 
 
-__all__ = ["TensorboardMonitor", "read_scalars"]
+def eval_curves(
+    job_dir: str | os.PathLike[str], metric: str = "accuracy"
+) -> dict[str, list[tuple[int, float]]]:
+    """``{taskset: [(step, value), ...]}`` of the ``eval/<taskset>/<metric>`` scalars a stage's
+    explorer logged under ``job_dir`` (its ``checkpoint_job_dir``); an error naming the folder
+    when there is none."""
+    folder = os.path.join(job_dir, "monitor", "tensorboard", "explorer")
+    found = {
+        tag.split("/")[1]: points
+        for tag, points in read_scalars(folder).items()
+        if tag.startswith("eval/") and tag.endswith(f"/{metric}") and tag.count("/") == 2
+    }
+    if not found:
+        raise RuntimeError(f"no eval/<taskset>/{metric} in {folder}")
+    return found
+
+
+__all__ = ["TensorboardMonitor", "eval_curves", "read_scalars"]
