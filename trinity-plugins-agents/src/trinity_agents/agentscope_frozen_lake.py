@@ -19,7 +19,6 @@ reward of the move a call ended (0 on the other calls), ``info["env_step"]`` the
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trinity.workflow import Workflow
@@ -29,6 +28,7 @@ from trinity_agents.agentscope_react import (
     clear_history,
     finish_steps,
     require_agentscope,
+    run_blocking,
 )
 from trinity_agents.multi_turn import StepResult, positive_int
 
@@ -72,11 +72,7 @@ class AgentScopeFrozenLakeWorkflow(Workflow):
         self.react_max_iters = positive_int(args.get("react_max_iters", 2), "react_max_iters")
 
     def run(self) -> list[Experience]:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self.run_async())
-        raise RuntimeError(f"{type(self).__name__}.run() was called inside an event loop; await run_async()")
+        return run_blocking(self)
 
     def build_agent(self) -> Any:
         from agentscope.agent import ReActAgent

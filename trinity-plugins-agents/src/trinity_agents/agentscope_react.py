@@ -351,6 +351,16 @@ def build_toolkit(tools: list[str], *, python_timeout: float, python_memory_mb: 
     return toolkit
 
 
+def run_blocking(workflow: Workflow) -> list[Experience]:
+    """``run()`` of the async AgentScope workflows: ``run_async()`` on an event loop of its own
+    (the runner awaits ``run_async`` itself; this is for callers without a loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(workflow.run_async())
+    raise RuntimeError(f"{type(workflow).__name__}.run() was called inside an event loop; await run_async()")
+
+
 # -- workflows -------------------------------------------------------------------------------
 
 SYSTEM_PROMPT = (
@@ -434,11 +444,7 @@ class AgentScopeReActWorkflow(Workflow):
         return self.task.format_args.system_prompt or SYSTEM_PROMPT
 
     def run(self) -> list[Experience]:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self.run_async())
-        raise RuntimeError(f"{type(self).__name__}.run() was called inside an event loop; await run_async()")
+        return run_blocking(self)
 
     def build_agent(self) -> Any:
         from agentscope.agent import ReActAgent
