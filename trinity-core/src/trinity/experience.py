@@ -48,6 +48,17 @@ class EID:
         return f"{self.batch}/{self.task}"
 
     @property
+    def explorer_step(self) -> int | None:
+        """``batch`` when it is an explorer step number (the explorer sets it), else ``None``
+        (a label such as a test's or ``expert/<step>``)."""
+        batch = self.batch
+        if isinstance(batch, bool):
+            return None
+        if isinstance(batch, int):
+            return batch
+        return int(batch) if isinstance(batch, str) and batch.isdigit() else None
+
+    @property
     def uid(self) -> str:
         """Unique id of this experience."""
         base = f"{self.batch}/{self.task}/{self.run}/{self.step}"
@@ -209,7 +220,9 @@ class BufferReader(Protocol):
 
     def expect_step(self, step: int | None) -> None:
         """The next reads wait for the experiences of the writers' steps up to ``step``
-        (``None``: for a full batch). Readers of storages without writers ignore it."""
+        (``None``: for a full batch), and take none of a later explorer step (experiences
+        whose ``eid.explorer_step`` is unknown are not held back): a step's groups and
+        episodes are never split between reads. Readers of storages without writers ignore it."""
 
     def state_dict(self) -> dict[str, Any]:
         """Reader position, saved in checkpoints."""

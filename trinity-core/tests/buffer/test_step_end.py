@@ -445,3 +445,161 @@ def test_queue_release_reads_after_with_an_sql_mirror(ray_cluster, tmp_path, mak
     with sqlite3.connect(tmp_path / "mirror.db") as con:
         uids = [uid for (uid,) in con.execute(f"SELECT uid FROM {name} ORDER BY id")]
     assert uids == [f"proj/run:w/{i}/{i % 3}/0" for i in range(8)]
+
+
+# -- an explorer running ahead: reads never take part of a later step -----------------------
+
+
+def _ahead(make_experience, writer: Any) -> dict[int, list[str]]:
+    """The explorer runs two steps ahead of the trainer: step 1 lost one of its 4 rollouts,
+    steps 2 and 3 are whole, all ended. Returns the uids each step wrote."""
+    sizes = {1: 3, 2: 4, 3: 4}
+    uids = {}
+    for step, size in sizes.items():
+        exps = [make_experience(i, writer=step) for i in range(size)]
+        writer.write(exps)
+        writer.end_step(step)
+        uids[step] = [e.eid.uid for e in exps]
+    return uids
+
+
+def _read_steps(reader: Any, steps: Any, n: int) -> list[tuple[list[str], str | None]]:
+    out = []
+    for step in steps:
+        reader.expect_step(step)
+        got = reader.read(n)
+        out.append(([e.eid.uid for e in got], reader.short_reason))
+    return out
+
+
+def test_sql_reads_of_a_step_leave_the_later_steps_rows(tmp_path, make_experience):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    uids = _ahead(make_experience, SQLWriter(storage))
+    reader = SQLReader(storage, max_read_timeout=LONG)
+    assert _read_steps(reader, [1, 2, 3], 4) == [
+        (uids[1], STEP_ENDED),  # short, rather than completed with the first row of step 2
+        (uids[2], None),
+        (uids[3], None),
+    ]
+    with sqlite3.connect(tmp_path / "buffer.db") as con:
+        assert con.execute("SELECT explorer_step, count(*) FROM exp GROUP BY 1").fetchall() == [
+            (1, 3),
+            (2, 4),
+            (3, 4),
+        ]
+
+
+def test_sql_a_bounded_read_takes_earlier_leftovers_and_rows_of_no_known_step(tmp_path, make_experience):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    writer = SQLWriter(storage)
+    # Step 1 made more rows than one read takes (step-wise episodes beyond train_batch_size).
+    writer.write([make_experience(i, writer=1) for i in range(6)])
+    writer.write([make_experience(0, writer="expert")])  # a label, not a step: never held back
+    writer.end_step(1)
+    writer.write([make_experience(i, writer=2) for i in range(2)])
+    writer.end_step(2)
+    writer.write([make_experience(i, writer=3) for i in range(2)])  # step 3 still running
+    reader = SQLReader(storage, max_read_timeout=LONG)
+    got = _read_steps(reader, [1, 2], 4)
+    assert got[0] == (["1/0/0/0", "1/1/1/0", "1/2/2/0", "1/3/0/0"], None)
+    assert got[1] == (["1/4/1/0", "1/5/2/0", "expert/0/0/0", "2/0/0/0"], None)
+    reader.expect_step(2)
+    assert [e.eid.uid for e in reader.read(4)] == ["2/1/1/0"] and reader.short_reason == STEP_ENDED
+    # Without an expected step (a plain full-batch read) nothing is held back.
+    reader.expect_step(None)
+    assert [e.eid.uid for e in reader.read(2, timeout=0)] == ["3/0/0/0", "3/1/1/0"]
+
+
+def test_sql_old_experience_table_gets_explorer_step_and_its_rows_are_read_by_any_step(
+    tmp_path, make_experience
+):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    old = SQLWriter(storage)
+    old.write([make_experience(i, writer=5) for i in range(2)])
+    old.finish()
+    with sqlite3.connect(tmp_path / "buffer.db") as con:  # as a table made before the column
+        con.execute("ALTER TABLE exp DROP COLUMN explorer_step")
+    reopened = SQLStorage(_url(tmp_path), "exp")
+    writer = SQLWriter(reopened)
+    writer.write([make_experience(2, writer=1)])
+    writer.end_step(1)
+    with sqlite3.connect(tmp_path / "buffer.db") as con:
+        assert con.execute("SELECT uid, explorer_step FROM exp ORDER BY id").fetchall() == [
+            ("5/0/0/0", None),
+            ("5/1/1/0", None),
+            ("1/2/2/0", 1),
+        ]
+    reader = SQLReader(reopened, max_read_timeout=LONG)
+    assert _read_steps(reader, [1], 8) == [(["5/0/0/0", "5/1/1/0", "1/2/2/0"], STEP_ENDED)]
+
+
+@pytest.mark.e2e
+def test_queue_reads_of_a_step_leave_the_later_steps_rows(ray_cluster, make_experience):
+    _, new_writer, reader = _queue(ray_cluster)
+    uids = _ahead(make_experience, new_writer())
+    assert _read_steps(reader, [1, 2, 3], 4) == [(uids[1], STEP_ENDED), (uids[2], None), (uids[3], None)]
+
+
+@pytest.mark.e2e
+def test_queue_bounded_reads_skip_a_later_step_queued_first_and_keep_its_place(ray_cluster, make_experience):
+    # Two explorer writers of one queue (e.g. a restarted explorer): a row of step 2 is queued
+    # before the rest of step 1. Step 1's read takes the rows behind it; step 2's takes it first.
+    _, new_writer, reader = _queue(ray_cluster)
+    writer = new_writer()
+    writer.write([make_experience(0, writer=1)])
+    writer.write([make_experience(0, writer=2)])
+    writer.write([make_experience(i, writer=1) for i in range(1, 3)])
+    writer.end_step(1)
+    writer.write([make_experience(i, writer=2) for i in range(1, 3)])
+    writer.write([make_experience(0, writer="label")])
+    writer.end_step(2)
+    assert _read_steps(reader, [1, 2], 8) == [
+        (["1/0/0/0", "1/1/1/0", "1/2/2/0", "label/0/0/0"], STEP_ENDED),  # a label: not held back
+        (["2/0/0/0", "2/1/1/0", "2/2/2/0"], STEP_ENDED),
+    ]
+
+
+@pytest.mark.e2e
+def test_queue_priority_reads_are_bounded_by_step_too(ray_cluster, make_experience):
+    from trinity.buffer.queue import QueueReader, QueueWriter, get_queue_actor
+
+    actor = get_queue_actor(f"q{uuid.uuid4().hex[:8]}", priority=True)
+    writer, reader = QueueWriter(actor), QueueReader(actor, max_read_timeout=LONG)
+    # Newer weights first (linear_decay): step 2's rows (version 1) outrank step 1's (version 0).
+    writer.write([make_experience(i, writer=1, model_version=0) for i in range(2)])
+    writer.end_step(1)
+    writer.write([make_experience(i, writer=2, model_version=1) for i in range(2)])
+    writer.end_step(2)
+    got = _read_steps(reader, [1, 2], 4)
+    assert [sorted(uids) for uids, _ in got] == [["1/0/0/0", "1/1/1/0"], ["2/0/0/0", "2/1/1/0"]]
+    assert [reason for _, reason in got] == [STEP_ENDED, STEP_ENDED]
+
+
+@pytest.mark.e2e
+def test_queue_rows_reloaded_from_the_mirror_or_released_keep_their_step(
+    ray_cluster, tmp_path, make_experience
+):
+    from trinity.buffer.queue import QueueReader, QueueWriter, get_queue_actor, kill_queue_actor
+
+    name, mirror = f"q{uuid.uuid4().hex[:8]}", _url(tmp_path, "mirror.db")
+    actor = get_queue_actor(name, mirror_url=mirror)
+    uids = _ahead(make_experience, QueueWriter(actor))
+    reader = QueueReader(actor, max_read_timeout=LONG)
+    assert _read_steps(reader, [1], 4) == [(uids[1], STEP_ENDED)]
+    position = reader.state_dict()
+    assert _read_steps(reader, [2], 4) == [(uids[2], None)]
+    # The queue actor restarts: step 3's unread rows come back from the mirror with their step.
+    assert kill_queue_actor(name)
+    for _ in range(50):  # the name is free once the killed actor is gone
+        try:
+            ray_cluster.get_actor(f"trinity_queue_{name}")
+        except ValueError:
+            break
+        time.sleep(0.1)
+    actor = get_queue_actor(name, mirror_url=mirror)
+    writer = QueueWriter(actor)
+    writer.end_step(3)
+    resumed = QueueReader(actor, max_read_timeout=LONG)
+    resumed.load_state_dict(position)  # the trainer step that read step 2 was lost
+    assert resumed.released == 4
+    assert _read_steps(resumed, [2, 3], 8) == [(uids[2], STEP_ENDED), (uids[3], STEP_ENDED)]

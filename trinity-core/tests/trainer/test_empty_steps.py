@@ -132,3 +132,34 @@ def test_a_step_wise_step_that_ends_under_the_bound_trains_without_a_warning(set
         metrics = trainer.train_step()
     assert calls == [6] and metrics["trainer/num_experiences"] == 6.0
     assert "training on" not in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize(
+    ("step_wise", "sizes"),
+    [(True, {1: 6, 2: 5, 3: 7}), (False, {1: 2, 2: 4, 3: 4})],
+    ids=["step_wise", "grpo"],
+)
+def test_an_explorer_running_ahead_never_splits_a_step_between_training_steps(
+    setup, monkeypatch, step_wise, sizes
+):
+    # The explorer wrote three steps before the trainer's first read (sync_offset, a slow
+    # trainer, or a decoupled explorer). Each training step takes exactly its explorer step:
+    # a step-wise batch under its bound is not topped up with the next step's turns, and a
+    # GRPO step that lost a group is not completed with part of the next step's groups.
+    trainer, writer, _ = setup(max_read_timeout=30, train_batch_size=16 if step_wise else None)
+    if step_wise:
+        trainer.step_wise, trainer.explore_steps_per_batch = True, 1.0  # as for multi_step_grpo
+    for step, size in sizes.items():
+        writer.write(_experiences(setup.tok, step, size))
+        writer.end_step(step)
+    batches: list[list[int]] = []
+    real = trainer.backend.train_step
+
+    def spy(experiences):
+        batches.append([e.eid.batch for e in experiences])
+        return real(experiences)
+
+    monkeypatch.setattr(trainer.backend, "train_step", spy)
+    for _ in sizes:
+        trainer.train_step()
+    assert batches == [[step] * size for step, size in sizes.items()]

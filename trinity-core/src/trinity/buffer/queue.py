@@ -81,9 +81,10 @@ class QueueActor:
         self.priority = priority
         self.reuse_cooldown_time = reuse_cooldown_time
         self._prio = resolve_priority_fn(priority_fn, priority_fn_args)
-        self._fifo: deque[tuple[int | None, bytes]] = deque()
+        # (row id in the mirror, blob, explorer step or None when unknown)
+        self._fifo: deque[tuple[int | None, bytes, int | None]] = deque()
         # Sorted ascending by (priority, -seq): the best row is last, ties read oldest first.
-        self._sorted: list[tuple[tuple[float, int], int | None, bytes, int, int]] = []
+        self._sorted: list[tuple[tuple[float, int], int | None, bytes, int, int, int | None]] = []
         self._seq = itertools.count()
         self._cond = asyncio.Condition()
         self._writers: dict[str, bool] = {}
@@ -97,40 +98,67 @@ class QueueActor:
 
             self.mirror = SQLStorage(mirror_url, name)
             # After a crash or restart the unread mirrored rows come back first, in write order.
-            for row_id, blob in self.mirror.unread("fifo"):
-                self._push(row_id, blob, 0, 0)
+            for row_id, blob, step in self.mirror.unread("fifo"):
+                self._push(row_id, blob, 0, 0, step)
 
     # -- internal --------------------------------------------------------------------------
 
     def _size(self) -> int:
         return len(self._sorted) if self.priority else len(self._fifo)
 
-    def _push(self, row_id: int | None, blob: bytes, model_version: int, use_count: int) -> None:
+    def _push(
+        self, row_id: int | None, blob: bytes, model_version: int, use_count: int, step: int | None
+    ) -> None:
         if not self.priority:
-            self._fifo.append((row_id, blob))
+            self._fifo.append((row_id, blob, step))
             return
         key = (self._prio(model_version, use_count), -next(self._seq))
-        bisect.insort(self._sorted, (key, row_id, blob, model_version, use_count))
+        bisect.insort(self._sorted, (key, row_id, blob, model_version, use_count, step))
         if len(self._sorted) > self.capacity:
             self._sorted.pop(0)
             self.dropped += 1
 
-    def _pop(self, n: int) -> list[tuple[int | None, bytes, int, int]]:
-        out = []
-        while len(out) < n and self._size():
-            if self.priority:
-                _, row_id, blob, version, uses = self._sorted.pop()
-                out.append((row_id, blob, version, uses))
+    def _pop(
+        self, n: int, max_step: int | None = None
+    ) -> list[tuple[int | None, bytes, int, int, int | None]]:
+        """Up to ``n`` rows in read order; with ``max_step``, only rows of explorer steps up to
+        it (or of no known step): the others keep their places for later reads."""
+        out: list[tuple[int | None, bytes, int, int, int | None]] = []
+        if n <= 0:
+            return out
+
+        def readable(step: int | None) -> bool:
+            return max_step is None or step is None or step <= max_step
+
+        if self.priority:
+            for i in range(len(self._sorted) - 1, -1, -1):
+                if len(out) >= n:
+                    break
+                if readable(self._sorted[i][5]):
+                    _, row_id, blob, version, uses, step = self._sorted.pop(i)
+                    out.append((row_id, blob, version, uses, step))
+            return out
+        while len(out) < n and self._fifo and readable(self._fifo[0][2]):
+            row_id, blob, step = self._fifo.popleft()
+            out.append((row_id, blob, 0, 0, step))
+        if len(out) >= n or not self._fifo:
+            return out
+        # A later step's row is first in line: take the readable rows queued behind it.
+        kept: deque[tuple[int | None, bytes, int | None]] = deque()
+        while self._fifo:
+            row = self._fifo.popleft()
+            if len(out) < n and readable(row[2]):
+                out.append((row[0], row[1], 0, 0, row[2]))
             else:
-                row_id, blob = self._fifo.popleft()
-                out.append((row_id, blob, 0, 0))
+                kept.append(row)
+        self._fifo = kept
         return out
 
-    async def _reinsert_later(self, items: list[tuple[int | None, bytes, int, int]]) -> None:
+    async def _reinsert_later(self, items: list[tuple[int | None, bytes, int, int, int | None]]) -> None:
         await asyncio.sleep(self.reuse_cooldown_time or 0.0)
         async with self._cond:
-            for row_id, blob, version, uses in items:
-                self._push(row_id, blob, version, uses + 1)
+            for row_id, blob, version, uses, step in items:
+                self._push(row_id, blob, version, uses + 1, step)
             self._cond.notify_all()
 
     # -- remote methods --------------------------------------------------------------------
@@ -192,7 +220,9 @@ class QueueActor:
             for row, row_id in zip(rows, ids):
                 if not self.priority:
                     await self._cond.wait_for(lambda: len(self._fifo) < self.capacity)
-                self._push(row_id, row["blob"], int(row.get("model_version") or 0), 0)
+                self._push(
+                    row_id, row["blob"], int(row.get("model_version") or 0), 0, row.get("explorer_step")
+                )
                 self._cond.notify_all()
             return {"size": self._size(), "skipped": skipped}
 
@@ -209,16 +239,17 @@ class QueueActor:
     ) -> tuple[list[bytes], str | None] | None:
         """``(blobs, short_reason)``: up to ``n`` blobs, waiting for a full batch until every
         writer has ended step ``until_step`` (if given) or ``timeout`` seconds pass;
-        ``short_reason`` says which (``None`` for a full batch). ``None`` when every writer
-        finished and nothing is left. ``reader_id``/``read_seq`` are recorded in the SQL
-        mirror (see :meth:`release`)."""
+        ``short_reason`` says which (``None`` for a full batch). With ``until_step``, rows of
+        later explorer steps stay queued (a step's groups and episodes are read together).
+        ``None`` when every writer finished and nothing is left. ``reader_id``/``read_seq``
+        are recorded in the SQL mirror (see :meth:`release`)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        out: list[tuple[int | None, bytes, int, int]] = []
+        out: list[tuple[int | None, bytes, int, int, int | None]] = []
         reason = None
         async with self._cond:
             while True:
-                out.extend(self._pop(n - len(out)))
+                out.extend(self._pop(n - len(out), until_step))
                 self._cond.notify_all()  # wake writers waiting for room
                 if len(out) >= n:
                     break
@@ -251,12 +282,13 @@ class QueueActor:
             return None
         ids = await asyncio.to_thread(self.mirror.release, reader_id, after_seq)
         blobs = await asyncio.to_thread(self.mirror.fetch_blobs, ids)
+        steps = await asyncio.to_thread(self.mirror.explorer_steps, ids)
         async with self._cond:
             if self.priority:
                 for i in ids:
-                    self._push(i, blobs[i], 0, 0)  # as rows reloaded at start-up: version unknown
+                    self._push(i, blobs[i], 0, 0, steps.get(i))  # as rows reloaded at start-up
             else:
-                self._fifo.extendleft((i, blobs[i]) for i in reversed(ids))
+                self._fifo.extendleft((i, blobs[i], steps.get(i)) for i in reversed(ids))
             self._cond.notify_all()
         return len(ids)
 

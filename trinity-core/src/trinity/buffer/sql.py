@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from trinity.buffer.sql_io import SQLReader, SQLWriter
 from trinity.buffer.sql_schema import (
+    ADDED_EXPERIENCE_COLUMNS,
+    ADDED_WRITER_COLUMNS,
     RowInserter,
-    add_writer_columns,
+    add_missing_columns,
     check_columns,
     create_sql_engine,
     define_tables,
@@ -146,7 +148,8 @@ class SQLStorage:
         )
         self._retry(lambda: race(metadata.create_all, engine, checkfirst=True), "creating the tables")
         check_columns(engine, tables[0], self.url)
-        add_writer_columns(engine, tables[2])
+        add_missing_columns(engine, tables[0], ADDED_EXPERIENCE_COLUMNS)
+        add_missing_columns(engine, tables[2], ADDED_WRITER_COLUMNS)
         self._tables = tables
         self._inserter = RowInserter(tables[0], tables[1], engine.dialect)
         self._engine, self._pid = engine, os.getpid()
@@ -265,6 +268,7 @@ class SQLStorage:
                 "model_version": int(exp.model_version),
                 "task_id": str(exp.eid.tid),
                 "run_id": int(exp.eid.run),
+                "explorer_step": exp.eid.explorer_step,
                 "prompt_text": _clip(exp.prompt_text),
                 "response_text": _clip(exp.response_text),
                 "created_at": now,
@@ -344,6 +348,18 @@ class SQLStorage:
                 out.update(conn.execute(sa.select(b.c.id, b.c.blob).where(b.c.id.in_(chunk))).all())
         return out
 
+    def explorer_steps(self, ids: Sequence[int]) -> dict[int, int | None]:
+        """``{id: explorer_step}`` for the given rows (``None``: not known)."""
+        import sqlalchemy as sa
+
+        out: dict[int, int | None] = {}
+        t = self.table
+        with self.engine.connect().execution_options(read_only=True) as conn:
+            for start in range(0, len(ids), 5000):
+                chunk = list(ids[start : start + 5000])
+                out.update(conn.execute(sa.select(t.c.id, t.c.explorer_step).where(t.c.id.in_(chunk))).all())
+        return out
+
     def _consumed_by(self, reader_id: str | None, read_seq: int | None, step: int | None) -> dict:
         return {
             "consumed": 1,
@@ -361,19 +377,24 @@ class SQLStorage:
         reader_id: str | None = None,
         read_seq: int | None = None,
         step: int | None = None,
+        max_step: int | None = None,
     ) -> list[tuple[int, bytes]]:
         """Atomically mark up to ``limit`` unread rows consumed and return ``(id, blob)`` pairs
         in read order. Safe against concurrent claimers: each row is returned once.
 
         ``reader_id``/``read_seq`` record who claimed the rows (see :meth:`release`); ``step``
-        is stored as ``consumed_step`` for inspection.
+        is stored as ``consumed_step`` for inspection. With ``max_step``, rows of later
+        explorer steps are left unread (rows whose step is not known are not held back).
         """
         import sqlalchemy as sa
 
         if limit <= 0:
             return []
         t = self.table
-        pick = sa.select(t.c.id).where(unread_clause(t)).order_by(*self._order(order)).limit(limit)
+        pick = sa.select(t.c.id).where(unread_clause(t))
+        if max_step is not None:
+            pick = pick.where(sa.or_(t.c.explorer_step.is_(None), t.c.explorer_step <= int(max_step)))
+        pick = pick.order_by(*self._order(order)).limit(limit)
         if self.engine.dialect.name != "sqlite":
             pick = pick.with_for_update(skip_locked=True)
         stmt = (
@@ -431,18 +452,19 @@ class SQLStorage:
 
         return self._retry(release, "releasing rows")
 
-    def unread(self, order: str = "fifo", limit: int | None = None) -> list[tuple[int, bytes]]:
-        """Unread rows without claiming them (the queue actor reloads these after a restart)."""
+    def unread(self, order: str = "fifo", limit: int | None = None) -> list[tuple[int, bytes, int | None]]:
+        """Unread rows without claiming them, as ``(id, blob, explorer_step)`` (the queue actor
+        reloads these after a restart)."""
         import sqlalchemy as sa
 
         t = self.table
-        stmt = sa.select(t.c.id).where(unread_clause(t)).order_by(*self._order(order))
+        stmt = sa.select(t.c.id, t.c.explorer_step).where(unread_clause(t)).order_by(*self._order(order))
         if limit is not None:
             stmt = stmt.limit(limit)
         with self.engine.connect().execution_options(read_only=True) as conn:
-            ids = list(conn.execute(stmt).scalars())
-        blobs = self.fetch_blobs(ids)
-        return [(i, blobs[i]) for i in ids]
+            rows = conn.execute(stmt).all()
+        blobs = self.fetch_blobs([i for i, _ in rows])
+        return [(i, blobs[i], step) for i, step in rows]
 
     def counts(self) -> dict[str, int]:
         """``{"total", "unread", "writers", "open_writers"}``."""

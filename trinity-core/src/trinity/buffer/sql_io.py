@@ -82,8 +82,10 @@ class SQLReader(ReaderBase):
     """:class:`~trinity.buffer.base.BufferReader` for ``storage_type: sql``.
 
     ``read`` polls the table (backing off up to ``poll_interval`` seconds) until ``batch_size``
-    rows are claimed, or the writers ended the step given to :meth:`expect_step` and no row is
-    left unread, or ``timeout`` (default ``max_read_timeout``) passes.
+    rows are claimed, or the writers ended the step given to :meth:`expect_step` and no row of
+    it is left unread, or ``timeout`` (default ``max_read_timeout``) passes. Rows of explorer
+    steps after the expected one stay for later reads, so an explorer running ahead never has
+    part of its next step (some of a group, some turns of an episode) taken early.
 
     Every ``read`` call has a sequence number, stored with the rows it claims together with
     this reader's id (and the trainer step given to :meth:`set_step`). :meth:`state_dict`
@@ -132,6 +134,7 @@ class SQLReader(ReaderBase):
                     reader_id=self.reader_id,
                     read_seq=self.read_seq,
                     step=self.step,
+                    max_step=self.expected_step,
                 )
             )
 

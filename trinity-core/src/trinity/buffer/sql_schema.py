@@ -4,7 +4,7 @@ statements (everything :mod:`trinity.buffer.sql` needs to know about the databas
 Each buffer ``<name>`` has three tables:
 
 - ``<name>``: one small row per experience with the queryable columns (reward, model version,
-  task/run ids, texts), the unique experience id ``uid`` and the read state (``consumed``, and
+  task/run ids, the explorer step that made it, texts), the unique experience id ``uid`` and the read state (``consumed``, and
   who read it when: ``reader_id``, ``read_seq``, ``consumed_step``);
 - ``<name>_blobs``: ``id -> Experience.serialize()``. Apart so that claiming a row rewrites a
   ~100-byte record, not the whole multi-kilobyte experience;
@@ -111,6 +111,8 @@ def define_tables(metadata: sa.MetaData, table: str) -> tuple[sa.Table, sa.Table
         sa.Column("model_version", sa.Integer, nullable=False, default=0),
         sa.Column("task_id", sa.String(256), nullable=True),
         sa.Column("run_id", sa.Integer, nullable=True),
+        # Experience.eid.batch when it is a step number: readers bounded to a step skip later ones.
+        sa.Column("explorer_step", sa.Integer, nullable=True),
         sa.Column("prompt_text", sa.Text, nullable=True),
         sa.Column("response_text", sa.Text, nullable=True),
         sa.Column("created_at", sa.Float, nullable=False),
@@ -175,17 +177,23 @@ def check_columns(engine: sa.Engine, table: sa.Table, url: str) -> None:
         )
 
 
-def add_writer_columns(engine: sa.Engine, writers: sa.Table) -> None:
-    """Add ``ended_step`` and ``run`` to a writers table made before they existed (nullable
-    columns, so old rows stay valid: a writer of no known run that never ended a step)."""
+def add_missing_columns(engine: sa.Engine, table: sa.Table, columns: Sequence[tuple[str, str]]) -> None:
+    """Add nullable ``columns`` (``(name, SQL type)``) that ``table``, made by an older
+    trinity-core, lacks. Old rows stay valid: NULL means "not known" (a writer of no known run
+    that never ended a step; an experience whose explorer step is not known, read by any step)."""
     import sqlalchemy as sa
 
-    have = {c["name"] for c in sa.inspect(engine).get_columns(writers.name)}
-    quoted = engine.dialect.identifier_preparer.quote(writers.name)
-    for column, kind in (("ended_step", "INTEGER"), ("run", "TEXT")):
+    have = {c["name"] for c in sa.inspect(engine).get_columns(table.name)}
+    quoted = engine.dialect.identifier_preparer.quote(table.name)
+    for column, kind in columns:
         if column not in have:
             with engine.begin() as conn:
                 conn.exec_driver_sql(f"ALTER TABLE {quoted} ADD COLUMN {column} {kind}")
+
+
+# Nullable columns added since a table's first version, per table (see add_missing_columns).
+ADDED_EXPERIENCE_COLUMNS = (("explorer_step", "INTEGER"),)
+ADDED_WRITER_COLUMNS = (("ended_step", "INTEGER"), ("run", "TEXT"))
 
 
 # What a writer stores; the read-state columns start out NULL.
@@ -197,6 +205,7 @@ INSERT_COLUMNS = (
     "model_version",
     "task_id",
     "run_id",
+    "explorer_step",
     "prompt_text",
     "response_text",
     "created_at",
