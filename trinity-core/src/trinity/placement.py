@@ -20,7 +20,10 @@ if TYPE_CHECKING:
     from trinity.config import Config
 
 
-_ROLE_MODES = {"explorer": ("both", "explore", "bench"), "trainer": ("both", "train")}
+_ROLE_MODES = {
+    "explorer": ("both", "explore", "bench", "serve", "colocate"),
+    "trainer": ("both", "train", "colocate"),
+}
 
 
 def runs(config: Config, role: str) -> bool:

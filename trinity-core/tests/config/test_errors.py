@@ -80,9 +80,9 @@ CASES = [
     ),
     (
         "wrong-enum-mode",
-        ("mode: both", "mode: serve"),
+        ("mode: both", "mode: server"),
         "mode",
-        ["invalid value 'serve'", "expected one of: both, train, explore, bench"],
+        ["invalid value 'server'", "expected one of: both, train, explore, bench, serve, colocate"],
     ),
     (
         "wrong-enum-deep",

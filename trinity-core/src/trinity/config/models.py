@@ -16,7 +16,7 @@ from trinity.config.sections.model import ModelConfig
 from trinity.config.sections.runtime import ClusterConfig, LogConfig, MonitorConfig, SynchronizerConfig
 from trinity.config.sections.trainer import TrainerConfig
 
-Mode = Literal["both", "train", "explore", "bench"]
+Mode = Literal["both", "train", "explore", "bench", "serve", "colocate"]
 
 
 class StageConfig(Section):
@@ -41,7 +41,9 @@ class Config(Section):
     derived values (`trinity.config.resolve_config`)."""
 
     mode: Mode = F(
-        "both", "`both` (explore and train), `train`, `explore` or `bench` (evaluate checkpoints)."
+        "both",
+        "`both` (explore and train), `train`, `explore`, `bench` (evaluate checkpoints), `serve` (serve "
+        "the policy to applications, learning from their feedback) or `colocate` (`both` on one GPU).",
     )
     project: str = F("Trinity-RFT", "Project name (monitor project, checkpoint folder).")
     group: str = F("", "Optional group between project and name in paths and the Ray namespace.")

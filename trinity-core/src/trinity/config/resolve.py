@@ -385,6 +385,8 @@ def _resolve_eval_interval(c: Config) -> None:
 
 
 def _check_mode(c: Config) -> None:
+    if c.mode == "serve":
+        raise ConfigError("mode 'serve' is not implemented yet", key="mode")
     ei = c.buffer.explorer_input
     if c.mode in ("both", "explore") and not ei.tasksets:
         raise ConfigError(
