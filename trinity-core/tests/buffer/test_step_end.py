@@ -222,7 +222,7 @@ def test_sql_old_writers_table_gets_the_new_columns_on_open(tmp_path, make_exper
     assert reopened.counts() == {"total": 2, "unread": 2, "writers": 1, "open_writers": 1}
     with sqlite3.connect(tmp_path / "buffer.db") as con:
         columns = [row[1] for row in con.execute("PRAGMA table_info(exp_writers)")]
-        assert columns == ["writer_id", "started_at", "finished_at", "pid", "ended_step", "run"]
+        assert columns == ["writer_id", "started_at", "finished_at", "pid", "ended_step", "run", "host"]
         assert con.execute("SELECT ended_step FROM exp_writers").fetchall() == [(None,)]
     new = SQLWriter(reopened)
     new.write([make_experience(2)])
@@ -603,3 +603,116 @@ def test_queue_rows_reloaded_from_the_mirror_or_released_keep_their_step(
     resumed.load_state_dict(position)  # the trainer step that read step 2 was lost
     assert resumed.released == 4
     assert _read_steps(resumed, [2, 3], 8) == [(uids[2], STEP_ENDED), (uids[3], STEP_ENDED)]
+
+
+# -- writers killed before they could finish --------------------------------------------------
+
+
+def _kill_writer_process(storage: SQLStorage, writer_id: str) -> int:
+    """Make ``writer_id`` look like it ran in a process that was then SIGKILLed (and not yet
+    reaped: a zombie, as a killed Ray actor is until its parent waits for it)."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(["sleep", "60"])
+    proc.send_signal(signal.SIGKILL)
+    time.sleep(0.2)
+    w = storage.writers
+    with storage.engine.begin() as conn:
+        conn.execute(w.update().where(w.c.writer_id == writer_id).values(pid=proc.pid))
+    return proc.pid
+
+
+def test_pid_alive_tells_running_killed_and_zombie_processes_apart():
+    import os
+    import signal
+    import subprocess
+
+    from trinity.buffer.sql import pid_alive
+
+    assert pid_alive(os.getpid())
+    proc = subprocess.Popen(["sleep", "60"])
+    assert pid_alive(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    time.sleep(0.2)
+    assert not pid_alive(proc.pid), "a killed, unreaped process (zombie) is not running"
+    proc.wait()
+    assert not pid_alive(proc.pid)
+
+
+def test_sql_read_stops_waiting_when_every_writer_was_killed(tmp_path, make_experience):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    writer = SQLWriter(storage, run="proj/run")
+    writer.write([make_experience(i, writer=1) for i in range(2)])
+    writer.end_step(1)
+    pid = _kill_writer_process(storage, writer._register())
+    reader = SQLReader(storage, max_read_timeout=LONG)
+    reader.gone_writer_grace_s, reader.gone_writer_check_s = 0.5, 0.05
+    reader.expect_step(2)
+    got, seconds = _timed_read(reader, 4)
+    assert len(got) == 2 and reader.short_reason == TIMED_OUT
+    assert seconds < QUICK, f"waited {seconds:.1f} s for a writer that was killed"
+    assert reader.writers_gone is not None and f"pid {pid} on " in reader.writers_gone
+    assert "no explorer took over within 0.5 s" in reader.writers_gone
+
+
+def test_sql_read_keeps_waiting_for_a_restarted_explorer_that_takes_over(tmp_path, make_experience):
+    url = _url(tmp_path)
+    storage = SQLStorage(url, "exp")
+    killed = SQLWriter(storage, run="proj/run")
+    killed.end_step(1)
+    _kill_writer_process(storage, killed._register())
+    reader = SQLReader(storage, max_read_timeout=LONG)
+    reader.gone_writer_grace_s, reader.gone_writer_check_s = 3.0, 0.05
+    reader.expect_step(2)
+
+    def restart() -> None:
+        time.sleep(0.5)  # the reader has noticed the killed writer by now
+        resumed = SQLWriter(SQLStorage(url, "exp"), run="proj/run")  # takes over the run
+        resumed.end_step(1)
+        time.sleep(3.0)  # longer than the grace: the reader must not give up meanwhile
+        resumed.write([make_experience(i, writer=2) for i in range(3)])
+        resumed.end_step(2)
+
+    t = threading.Thread(target=restart)
+    t.start()
+    got, seconds = _timed_read(reader, 4)
+    t.join()
+    assert [e.eid.uid for e in got] == ["2/0/0/0", "2/1/1/0", "2/2/2/0"] and reader.short_reason == STEP_ENDED
+    assert reader.writers_gone is None and seconds >= 3.0
+
+
+def test_sql_writers_on_other_hosts_are_never_taken_for_gone(tmp_path):
+    storage = SQLStorage(_url(tmp_path), "exp")
+    writer_id = SQLWriter(storage)._register()
+    _kill_writer_process(storage, writer_id)
+    assert storage.gone_writers()[0] == 1 and len(storage.gone_writers()[1]) == 1
+    w = storage.writers
+    with storage.engine.begin() as conn:
+        conn.execute(w.update().where(w.c.writer_id == writer_id).values(host="another-machine"))
+    assert storage.gone_writers() == (1, [])
+
+
+@pytest.mark.e2e
+def test_queue_read_stops_waiting_when_every_writer_was_killed(ray_cluster, make_experience):
+    import signal
+    import socket
+    import subprocess
+
+    actor, new_writer, reader = _queue(ray_cluster)
+    writer = new_writer()
+    writer.write([make_experience(i, writer=1) for i in range(2)])
+    writer.end_step(1)
+    writer.finish()
+    proc = subprocess.Popen(["sleep", "60"])  # the explorer process that is then killed
+    ray_cluster.get(actor.register_writer.remote("killed", "proj/run", proc.pid, socket.gethostname()))
+    reader.gone_writer_grace_s = 0.5
+    reader.expect_step(2)
+    got, seconds = _timed_read(reader, 4, timeout=0.3)
+    assert len(got) == 2 and reader.short_reason == TIMED_OUT and reader.writers_gone is None  # alive
+    proc.send_signal(signal.SIGKILL)
+    time.sleep(0.2)
+    got, seconds = _timed_read(reader, 4)
+    assert got == [] and reader.short_reason == TIMED_OUT and seconds < QUICK
+    assert f"pid {proc.pid} on " in reader.writers_gone
+    proc.wait()

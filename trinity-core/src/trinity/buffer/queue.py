@@ -54,6 +54,10 @@ def resolve_priority_fn(
     return lambda version, uses: fn(version, uses, **kwargs)
 
 
+#: Seconds between the checks of a waiting read for writers whose process is gone.
+GONE_CHECK_S = 2.0
+
+
 class QueueActor:
     """Body of the Ray actor (instantiated through :func:`get_queue_actor`).
 
@@ -90,6 +94,7 @@ class QueueActor:
         self._writers: dict[str, bool] = {}
         self._ended_steps: dict[str, int] = {}  # writer -> last step it has written in full
         self._runs: dict[str, str | None] = {}  # writer -> the run it writes for
+        self._procs: dict[str, tuple[int, str]] = {}  # writer -> (pid, host) of its process
         self.dropped = 0
         self.duplicates = 0
         self.mirror = None
@@ -163,10 +168,15 @@ class QueueActor:
 
     # -- remote methods --------------------------------------------------------------------
 
-    async def register_writer(self, writer_id: str, run: str | None = None) -> None:
+    async def register_writer(
+        self, writer_id: str, run: str | None = None, pid: int | None = None, host: str | None = None
+    ) -> None:
         """Record a writer (readers wait for all writers to finish before giving up). A run
-        has one writer at a time: its earlier open writers (a killed explorer's) finish."""
+        has one writer at a time: its earlier open writers (a killed explorer's) finish.
+        ``pid``/``host`` let :meth:`gone_writers` tell a killed writer from a slow one."""
         async with self._cond:
+            if pid is not None and host is not None:
+                self._procs[writer_id] = (pid, host)
             if run is not None:
                 for other, other_run in self._runs.items():
                     if other_run == run and other != writer_id:
@@ -236,15 +246,19 @@ class QueueActor:
         reader_id: str | None = None,
         read_seq: int | None = None,
         until_step: int | None = None,
+        gone_grace: float | None = None,
     ) -> tuple[list[bytes], str | None] | None:
         """``(blobs, short_reason)``: up to ``n`` blobs, waiting for a full batch until every
         writer has ended step ``until_step`` (if given) or ``timeout`` seconds pass;
         ``short_reason`` says which (``None`` for a full batch). With ``until_step``, rows of
         later explorer steps stay queued (a step's groups and episodes are read together).
+        With ``gone_grace``, a read whose open writers' processes are all gone (killed) waits
+        at most that long for a new writer, then times out (see :meth:`gone_writers`).
         ``None`` when every writer finished and nothing is left. ``reader_id``/``read_seq``
         are recorded in the SQL mirror (see :meth:`release`)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        gone_deadline: float | None = None
         out: list[tuple[int | None, bytes, int, int, int | None]] = []
         reason = None
         async with self._cond:
@@ -256,10 +270,19 @@ class QueueActor:
                 if self._exhausted() or (until_step is not None and self._steps_ended(until_step)):
                     reason = STEP_ENDED
                     break
-                remaining = None if deadline is None else deadline - loop.time()
+                if gone_grace is not None:
+                    count, gone = self.gone_writers()
+                    if not count or len(gone) < count:
+                        gone_deadline = None
+                    elif gone_deadline is None:
+                        gone_deadline = loop.time() + gone_grace
+                stop = min((t for t in (deadline, gone_deadline) if t is not None), default=None)
+                remaining = None if stop is None else stop - loop.time()
                 if remaining is not None and remaining <= 0:
                     reason = TIMED_OUT
                     break
+                if gone_grace is not None:  # look at the writers' processes again in a while
+                    remaining = min(remaining if remaining is not None else GONE_CHECK_S, GONE_CHECK_S)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._cond.wait(), remaining)
         if not out and self._exhausted():
@@ -291,6 +314,22 @@ class QueueActor:
                 self._fifo.extendleft((i, blobs[i], steps.get(i)) for i in reversed(ids))
             self._cond.notify_all()
         return len(ids)
+
+    def gone_writers(self) -> tuple[int, list[str]]:
+        """``(open writers, descriptions of those whose process is gone)``; only writers on
+        this actor's host can be seen (see :meth:`trinity.buffer.sql.SQLStorage.gone_writers`)."""
+        import socket
+
+        from trinity.buffer.sql import pid_alive
+
+        here = socket.gethostname()
+        open_writers = [w for w, done in self._writers.items() if not done]
+        gone = []
+        for w in open_writers:
+            pid, host = self._procs.get(w, (0, ""))
+            if pid and host == here and not pid_alive(pid):
+                gone.append(f"pid {pid} on {host}")
+        return len(open_writers), gone
 
     def stats(self) -> dict[str, Any]:
         """Queue length, capacity, dropped rows and writer states (for monitoring/tests)."""
@@ -375,7 +414,14 @@ class QueueWriter(WriterBase):
         import ray
 
         if not self._registered:
-            ray.get(self.actor.register_writer.remote(self._writer_id, self.run))
+            import os
+            import socket
+
+            ray.get(
+                self.actor.register_writer.remote(
+                    self._writer_id, self.run, os.getpid(), socket.gethostname()
+                )
+            )
             self._registered = True
 
     def write(self, experiences: Sequence[Experience]) -> None:
@@ -417,9 +463,14 @@ class QueueReader(ReaderBase):
     with an SQL mirror, :meth:`load_state_dict` queues again the rows read after that state.
     """
 
+    #: Seconds a read still waits once every open writer's process is gone (as
+    #: :attr:`trinity.buffer.sql_io.SQLReader.gone_writer_grace_s`).
+    gone_writer_grace_s: float = 300.0
+
     def __init__(self, actor: Any, max_read_timeout: float | None = 1800.0, name: str = "queue") -> None:
         import uuid
 
+        self.writers_gone: str | None = None
         self.actor = actor
         self.max_read_timeout = max_read_timeout
         self.name = name
@@ -437,11 +488,26 @@ class QueueReader(ReaderBase):
         timeout = self.max_read_timeout if timeout is None else timeout
         self.read_seq += 1
         got = ray.get(
-            self.actor.get.remote(batch_size, timeout, self.reader_id, self.read_seq, self.expected_step)
+            self.actor.get.remote(
+                batch_size,
+                timeout,
+                self.reader_id,
+                self.read_seq,
+                self.expected_step,
+                self.gone_writer_grace_s,
+            )
         )
         if got is None:
             raise BufferExhausted(f"queue buffer {self.name!r}: all writers finished")
         blobs, self.short_reason = got
+        self.writers_gone = None
+        if self.short_reason == TIMED_OUT:
+            count, gone = ray.get(self.actor.gone_writers.remote())
+            if count and len(gone) == count:
+                self.writers_gone = (
+                    f"every writer of queue buffer {self.name!r} is gone without finishing "
+                    f"({', '.join(gone)}: killed?) and no explorer took over within {self.gone_writer_grace_s:g} s"
+                )
         self.rows_read += len(blobs)
         return [Experience.deserialize(b) for b in blobs]
 

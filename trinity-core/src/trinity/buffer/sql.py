@@ -29,6 +29,7 @@ reader/writer objects the trainer and explorer use in :mod:`trinity.buffer.sql_i
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 import uuid
@@ -80,6 +81,21 @@ def _unique_uids(experiences: Sequence[Experience]) -> list[str]:
         seen[uid] = n + 1
         out.append(uid if n == 0 else f"{uid}#{n}")
     return out
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): kill(0) succeeded
 
 
 class SQLStorage:
@@ -197,7 +213,14 @@ class SQLStorage:
                         w.update().where(w.c.run == run, w.c.finished_at.is_(None)).values(finished_at=now)
                     )
                 conn.execute(
-                    w.insert(), {"writer_id": writer_id, "started_at": now, "pid": os.getpid(), "run": run}
+                    w.insert(),
+                    {
+                        "writer_id": writer_id,
+                        "started_at": now,
+                        "pid": os.getpid(),
+                        "run": run,
+                        "host": socket.gethostname(),
+                    },
                 )
 
         self._retry(register, "registering a writer")
@@ -234,6 +257,19 @@ class SQLStorage:
             writers = conn.execute(sa.select(sa.func.count()).select_from(w)).scalar_one()
             lagging = conn.execute(sa.select(sa.func.count()).select_from(w).where(behind)).scalar_one()
         return writers > 0 and lagging == 0
+
+    def gone_writers(self) -> tuple[int, list[str]]:
+        """``(open writers, descriptions of those whose process is gone)``: an open writer
+        on this host whose pid no longer runs was killed before it could finish. Writers on
+        other hosts are never reported gone (their processes cannot be seen from here)."""
+        import sqlalchemy as sa
+
+        w = self.writers
+        with self.engine.connect().execution_options(read_only=True) as conn:
+            rows = conn.execute(sa.select(w.c.pid, w.c.host).where(w.c.finished_at.is_(None))).all()
+        here = socket.gethostname()
+        gone = [f"pid {pid} on {host}" for pid, host in rows if host == here and pid and not pid_alive(pid)]
+        return len(rows), gone
 
     def unread_of_other_runs(self, run: str) -> tuple[int, str | None]:
         """``(count, one uid)`` of the unread rows not written by run ``run`` (uid prefix)."""

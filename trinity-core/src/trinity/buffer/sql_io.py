@@ -94,6 +94,13 @@ class SQLReader(ReaderBase):
     steps after N had consumed, in the same order, and on nothing twice.
     """
 
+    #: Seconds a read still waits once every open writer's process is gone (killed), for a
+    #: restarted explorer to take over; then it returns short (``TIMED_OUT``, with
+    #: :attr:`writers_gone` saying why).
+    gone_writer_grace_s: float = 300.0
+    #: Seconds between the checks for gone writers while a read waits.
+    gone_writer_check_s: float = 2.0
+
     def __init__(
         self,
         storage: SQLStorage,
@@ -103,6 +110,7 @@ class SQLReader(ReaderBase):
         poll_interval: float = 0.2,
     ) -> None:
         self.storage = storage
+        self.writers_gone: str | None = None
         self.order = order
         self.max_read_timeout = max_read_timeout
         self.poll_interval = poll_interval
@@ -138,6 +146,8 @@ class SQLReader(ReaderBase):
                 )
             )
 
+        gone_check = time.monotonic() + self.gone_writer_check_s
+        gone_deadline: float | None = None
         while True:
             claim()
             if len(got) >= batch_size:
@@ -155,7 +165,14 @@ class SQLReader(ReaderBase):
                 claim()
                 self.short_reason = None if len(got) >= batch_size else STEP_ENDED
                 break
-            if deadline is not None and time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= gone_check:
+                gone_check = now + self.gone_writer_check_s
+                gone_deadline = self._check_gone_writers(gone_deadline)
+            if gone_deadline is not None and now >= gone_deadline:
+                self.short_reason = TIMED_OUT
+                break
+            if deadline is not None and now >= deadline:
                 self.short_reason = TIMED_OUT
                 break
             pause = wait if deadline is None else min(wait, max(0.0, deadline - time.monotonic()))
@@ -163,6 +180,30 @@ class SQLReader(ReaderBase):
             wait = min(wait * 2, self.poll_interval)
         self.rows_read += len(got)
         return [Experience.deserialize(blob) for _, blob in got]
+
+    def _check_gone_writers(self, gone_deadline: float | None) -> float | None:
+        """While a read waits: when every open writer's process is gone (an explorer killed
+        before it could finish), say so once and give a restarted explorer
+        :attr:`gone_writer_grace_s` to take over; returns the time the read stops waiting
+        (``None``: a writer is alive). :attr:`writers_gone` describes the gone writers."""
+        count, gone = self.storage.gone_writers()
+        if not count or len(gone) < count:
+            self.writers_gone = None
+            return None
+        if gone_deadline is None:
+            self.writers_gone = (
+                f"every writer of SQL buffer {self.storage.table_name!r} is gone without finishing "
+                f"({', '.join(gone)}: killed?) and no explorer took over within {self.gone_writer_grace_s:g} s"
+            )
+            logger.warning(
+                "SQL buffer %r: its writers (%s) are gone without finishing; waiting up to %g s for a "
+                "restarted explorer",
+                self.storage.table_name,
+                ", ".join(gone),
+                self.gone_writer_grace_s,
+            )
+            return time.monotonic() + self.gone_writer_grace_s
+        return gone_deadline
 
     def state_dict(self) -> dict[str, Any]:
         """This reader's id and read sequence number (and a row counter for monitoring)."""

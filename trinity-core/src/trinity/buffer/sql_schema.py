@@ -151,6 +151,8 @@ def define_tables(metadata: sa.MetaData, table: str) -> tuple[sa.Table, sa.Table
         sa.Column("ended_step", sa.Integer, nullable=True),
         # The run it writes for: a new writer of the run takes over from its older ones.
         sa.Column("run", sa.Text, nullable=True),
+        # Where ``pid`` runs: a reader on the same host can tell a killed writer from a slow one.
+        sa.Column("host", sa.String(255), nullable=True),
     )
     return experiences, blobs, writers
 
@@ -193,7 +195,7 @@ def add_missing_columns(engine: sa.Engine, table: sa.Table, columns: Sequence[tu
 
 # Nullable columns added since a table's first version, per table (see add_missing_columns).
 ADDED_EXPERIENCE_COLUMNS = (("explorer_step", "INTEGER"),)
-ADDED_WRITER_COLUMNS = (("ended_step", "INTEGER"), ("run", "TEXT"))
+ADDED_WRITER_COLUMNS = (("ended_step", "INTEGER"), ("run", "TEXT"), ("host", "VARCHAR(255)"))
 
 
 # What a writer stores; the read-state columns start out NULL.

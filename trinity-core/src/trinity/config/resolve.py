@@ -257,6 +257,8 @@ def _resolve_experience_buffer(c: Config, eb: ExperienceBufferConfig, key: str, 
     if not eb.name:
         eb.name = default_name
     _resolve_storage_common(c, eb, key)
+    if eb.storage_type in ("sql", "queue") and eb.path:
+        eb.path = _absolute_sqlite_url(eb.path)
     eb.batch_size = c.buffer.train_batch_size or 0
     eb.tokenizer_path = eb.tokenizer_path or c.model.model_path
     # Deprecated flat keys move into replay_buffer, so there is one place to read them.
@@ -268,6 +270,20 @@ def _resolve_experience_buffer(c: Config, eb: ExperienceBufferConfig, key: str, 
         if eb.reuse_cooldown_time is not None:
             eb.replay_buffer.reuse_cooldown_time = eb.reuse_cooldown_time
         eb.use_priority_queue = eb.reuse_cooldown_time = None
+
+
+def _absolute_sqlite_url(path: str) -> str:
+    """``sqlite:///buffer.db`` (relative to where ``trinity run`` started) made absolute, so
+    the actors, whose working directory may differ, and a second job open the same file."""
+    prefix = "sqlite:///"
+    if "://" not in path:  # a bare file path (sql reads it as SQLite)
+        return os.path.abspath(os.path.expanduser(path))
+    if not path.startswith(prefix):
+        return path
+    file, sep, query = path[len(prefix) :].partition("?")
+    if not file or file == ":memory:" or os.path.isabs(file):
+        return path
+    return prefix + os.path.abspath(file) + sep + query
 
 
 def _resolve_explorer(c: Config) -> None:
@@ -398,12 +414,39 @@ def _check_mode(c: Config) -> None:
             "mode 'bench' evaluates checkpoints and needs buffer.explorer_input.eval_tasksets",
             key="buffer.explorer_input.eval_tasksets",
         )
+    _share_queue_between_jobs(c)
+
+
+def joins_cluster(c: Config) -> bool:
+    """Whether the job joins an existing Ray cluster (``cluster.ray_address`` or
+    ``$RAY_ADDRESS``) rather than starting a Ray of its own."""
+    return c.cluster.ray_address not in ("", "auto", "local") or bool(os.environ.get("RAY_ADDRESS"))
+
+
+def _share_queue_between_jobs(c: Config) -> None:
+    """A ``queue`` read or written by one side of a decoupled pair (``mode: explore`` and
+    ``mode: train`` as two jobs). On a shared Ray cluster the two jobs find the same named queue
+    actor (namespace ``<project>/<name>``). A job that starts a Ray of its own cannot reach the
+    other job's actor, so it uses the queue's SQL backup (``path``) as the buffer itself, as
+    ``storage_type: sql``: the explorer writes rows there, the trainer claims them."""
     eb = c.buffer.trainer_input.experience_buffer
-    if c.mode == "train" and eb is not None and eb.storage_type == "queue":
+    if c.mode not in ("explore", "train") or eb is None or eb.storage_type != "queue" or joins_cluster(c):
+        return
+    key = "buffer.trainer_input.experience_buffer"
+    if not eb.path:
         raise ConfigError(
-            "mode 'train' reads experiences that already exist; use storage_type file or sql with a path",
-            key="buffer.trainer_input.experience_buffer.storage_type",
+            f"mode {c.mode!r} shares its queue with a separate {'train' if c.mode == 'explore' else 'explore'} "
+            "job: give the queue a path (its SQL backup, e.g. sqlite:///buffer.db) or run both jobs on one "
+            "Ray cluster (cluster.ray_address, after `ray start --head`)",
+            key=f"{key}.path",
         )
+    logger.info(
+        "mode %r on a Ray of its own: the queue %r is shared with the other job through its SQL path %s",
+        c.mode,
+        eb.name,
+        eb.path,
+    )
+    eb.storage_type = "sql"
 
 
 @functools.cache

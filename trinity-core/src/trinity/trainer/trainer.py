@@ -120,6 +120,9 @@ class Trainer:
             logger.info("experience buffer exhausted after %d steps", self.step)
             return None
         if not experiences and reader.short_reason == TIMED_OUT:
+            gone = getattr(reader, "writers_gone", None)
+            if gone:
+                raise ExperienceTimeout(f"trainer step {next_step}: no experience: {gone}")
             timeout = self.config.buffer.trainer_input.experience_buffer.max_read_timeout
             raise ExperienceTimeout(
                 f"trainer step {next_step}: no experience arrived within "
