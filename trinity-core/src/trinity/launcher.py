@@ -154,8 +154,10 @@ def run_stage(config: Config) -> StageResult:
     interrupted = False
     _INTERRUPTED.clear()
     previous_handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    queue_job = None
     try:
         explorer = trainer = None
+        queue_job = _join_queue(config)
         gpus = ray.cluster_resources().get("GPU", 0)
         resources = actor_resources(config, gpus)
         # A user's OMP_NUM_THREADS travels to the actors (above) and wins over our share.
@@ -196,7 +198,36 @@ def run_stage(config: Config) -> StageResult:
                 ray.kill(actor)
         if interrupted and loop is not None and loop.reader_position:
             _release_unfinished_reads(config, loop.reader_position)
+        if queue_job is not None:
+            _leave_queue(config, queue_job)
         ray.shutdown()
+
+
+def _join_queue(config: Config) -> str | None:
+    """Record this job as a user of its ``queue`` buffer; returns the job's id (``None``: no
+    queue). The queue is a detached actor: see :func:`trinity.buffer.factory.leave_queue`."""
+    import uuid
+
+    from trinity.buffer.factory import join_queue
+    from trinity.config.resolve import joins_cluster
+
+    if not joins_cluster(config):
+        return None  # a Ray of this job's own: its end removes every actor anyway
+    job_id = uuid.uuid4().hex
+    return job_id if join_queue(config, job_id) else None
+
+
+def _leave_queue(config: Config, job_id: str) -> None:
+    """This job no longer uses its queue (the last job to leave removes it)."""
+    from trinity.buffer.factory import leave_queue
+
+    try:
+        line = leave_queue(config, job_id)
+    except Exception as exc:  # the job is ending anyway: say so, do not mask its outcome
+        print(f"[trinity] could not release the queue buffer: {exc}", file=sys.stderr)
+        return
+    if line:
+        print(f"[trinity] {line}", flush=True)
 
 
 def _release_unfinished_reads(config: Config, position: dict[str, Any]) -> None:

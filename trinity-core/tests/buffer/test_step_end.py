@@ -716,3 +716,63 @@ def test_queue_read_stops_waiting_when_every_writer_was_killed(ray_cluster, make
     assert got == [] and reader.short_reason == TIMED_OUT and seconds < QUICK
     assert f"pid {proc.pid} on " in reader.writers_gone
     proc.wait()
+
+
+# -- the queue actor's lifetime across jobs ---------------------------------------------------
+
+
+def _queue_alive(ray, config) -> bool:
+    from trinity.buffer.queue import queue_actor_name
+
+    exp = config.buffer.trainer_input.experience_buffer
+    try:
+        ray.get_actor(queue_actor_name(exp.name), namespace=exp.ray_namespace)
+    except ValueError:
+        return False
+    return True
+
+
+def _wait_gone(ray, config) -> bool:
+    for _ in range(50):
+        if not _queue_alive(ray, config):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.e2e
+def test_the_last_job_to_leave_a_queue_removes_it(ray_cluster, tmp_path, make_experience):
+    from trinity.buffer.factory import get_buffer_writer, join_queue, leave_queue
+
+    config = _config(tmp_path, {"name": f"q{uuid.uuid4().hex[:8]}", "storage_type": "queue"})
+    assert join_queue(config, "explore-job") and join_queue(config, "train-job")
+    assert leave_queue(config, "explore-job") == (
+        f"queue {config.buffer.trainer_input.experience_buffer.name!r} stays on the cluster for the 1 other "
+        "job(s) using it"
+    )
+    assert _queue_alive(ray_cluster, config)
+    assert leave_queue(config, "train-job") is None
+    assert _wait_gone(ray_cluster, config), "the last job left an empty queue behind"
+    # Unread experiences only the queue holds keep it alive, and the job says so.
+    assert join_queue(config, "job")
+    get_buffer_writer(config.buffer.trainer_input.experience_buffer).write([make_experience(0)])
+    line = leave_queue(config, "job")
+    assert line is not None and "stays on the cluster with 1 unread experiences that only it holds" in line
+    assert "ray.kill(ray.get_actor(" in line and _queue_alive(ray_cluster, config)
+    assert join_queue(config, "next-job")  # the next job of the run finds them
+    assert leave_queue(config, "next-job") is not None
+
+
+@pytest.mark.e2e
+def test_a_mirrored_queue_is_removed_with_unread_rows_kept_in_sql(ray_cluster, tmp_path, make_experience):
+    from trinity.buffer.factory import get_buffer_writer, join_queue, leave_queue
+
+    exp = {"name": f"q{uuid.uuid4().hex[:8]}", "storage_type": "queue", "path": _url(tmp_path, "mirror.db")}
+    config = _config(tmp_path, exp)
+    assert join_queue(config, "job")
+    get_buffer_writer(config.buffer.trainer_input.experience_buffer).write(
+        [make_experience(i) for i in range(3)]
+    )
+    assert leave_queue(config, "job") is None
+    assert _wait_gone(ray_cluster, config)
+    assert SQLStorage(exp["path"], exp["name"]).counts()["unread"] == 3

@@ -136,6 +136,48 @@ def check_buffer_is_free(config: Config, cache_dir: str | None = None) -> None:
         )
 
 
+def join_queue(config: Config, job_id: str) -> bool:
+    """Record that job ``job_id`` uses the job's ``queue`` experience buffer (creating its
+    actor); ``False`` when the buffer is no queue. Call :func:`leave_queue` when the job ends."""
+    import ray
+
+    exp = config.buffer.trainer_input.experience_buffer
+    if exp is None or exp.storage_type != "queue":
+        return False
+    ray.get(_queue_actor(exp).join_job.remote(job_id))
+    return True
+
+
+def leave_queue(config: Config, job_id: str) -> str | None:
+    """Job ``job_id`` no longer uses the queue. The queue actor is detached, so it outlives the
+    job that created it (the other side of a decoupled pair may still need it); the last job to
+    leave removes it, unless it holds unread experiences that only it keeps (no SQL ``path``).
+    Returns a line saying what happened to the queue (``None``: nothing worth saying)."""
+    import ray
+
+    from trinity.buffer.queue import kill_queue_actor, queue_actor_name
+
+    exp = config.buffer.trainer_input.experience_buffer
+    if exp is None or exp.storage_type != "queue":
+        return None
+    name = exp.name or "experience"
+    try:
+        actor = ray.get_actor(queue_actor_name(name), namespace=exp.ray_namespace)
+    except ValueError:
+        return None  # already gone
+    left = ray.get(actor.leave_job.remote(job_id))
+    if left["jobs"]:
+        return f"queue {name!r} stays on the cluster for the {left['jobs']} other job(s) using it"
+    if left["size"] and not left["mirrored"]:
+        return (
+            f"queue {name!r} stays on the cluster with {left['size']} unread experiences that only it "
+            f"holds (no path); the next job of this project/name reads them, or remove it with "
+            f"ray.kill(ray.get_actor({queue_actor_name(name)!r}, namespace={exp.ray_namespace!r}))"
+        )
+    kill_queue_actor(name, exp.ray_namespace)
+    return None
+
+
 def release_reads_after(config: Config, position: dict[str, Any]) -> int:
     """Make the rows the trainer's reader read after ``position`` (its ``state_dict()``)
     unread again; returns how many. Only ``sql`` and ``queue`` buffers track their readers."""

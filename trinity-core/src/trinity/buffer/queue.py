@@ -95,6 +95,7 @@ class QueueActor:
         self._ended_steps: dict[str, int] = {}  # writer -> last step it has written in full
         self._runs: dict[str, str | None] = {}  # writer -> the run it writes for
         self._procs: dict[str, tuple[int, str]] = {}  # writer -> (pid, host) of its process
+        self._jobs: set[str] = set()  # the `trinity run` jobs using this queue
         self.dropped = 0
         self.duplicates = 0
         self.mirror = None
@@ -196,6 +197,18 @@ class QueueActor:
     def _steps_ended(self, step: int) -> bool:
         open_writers = [w for w, done in self._writers.items() if not done]
         return bool(self._writers) and all(self._ended_steps.get(w, -1) >= step for w in open_writers)
+
+    async def join_job(self, job_id: str) -> int:
+        """Record a job that uses this queue (see :func:`trinity.buffer.factory.leave_queue`);
+        returns how many use it now."""
+        self._jobs.add(job_id)
+        return len(self._jobs)
+
+    async def leave_job(self, job_id: str) -> dict[str, Any]:
+        """Forget job ``job_id``; ``{"jobs": jobs still using the queue, "size": unread rows
+        held, "mirrored": whether an SQL mirror keeps them}``."""
+        self._jobs.discard(job_id)
+        return {"jobs": len(self._jobs), "size": self._size(), "mirrored": self.mirror is not None}
 
     async def finish_writer(self, writer_id: str) -> None:
         """Mark a writer done and wake readers (they may now see the end)."""
