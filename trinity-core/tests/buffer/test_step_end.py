@@ -653,7 +653,7 @@ def test_sql_read_stops_waiting_when_every_writer_was_killed(tmp_path, make_expe
     assert len(got) == 2 and reader.short_reason == TIMED_OUT
     assert seconds < QUICK, f"waited {seconds:.1f} s for a writer that was killed"
     assert reader.writers_gone is not None and f"pid {pid} on " in reader.writers_gone
-    assert "no explorer took over within 0.5 s" in reader.writers_gone
+    assert reader.writers_gone.endswith("and no explorer took over")
 
 
 def test_sql_read_keeps_waiting_for_a_restarted_explorer_that_takes_over(tmp_path, make_experience):

@@ -519,7 +519,7 @@ class QueueReader(ReaderBase):
             if count and len(gone) == count:
                 self.writers_gone = (
                     f"every writer of queue buffer {self.name!r} is gone without finishing "
-                    f"({', '.join(gone)}: killed?) and no explorer took over within {self.gone_writer_grace_s:g} s"
+                    f"({', '.join(gone)}: killed?) and no explorer took over"
                 )
         self.rows_read += len(blobs)
         return [Experience.deserialize(b) for b in blobs]

@@ -193,7 +193,7 @@ class SQLReader(ReaderBase):
         if gone_deadline is None:
             self.writers_gone = (
                 f"every writer of SQL buffer {self.storage.table_name!r} is gone without finishing "
-                f"({', '.join(gone)}: killed?) and no explorer took over within {self.gone_writer_grace_s:g} s"
+                f"({', '.join(gone)}: killed?) and no explorer took over"
             )
             logger.warning(
                 "SQL buffer %r: its writers (%s) are gone without finishing; waiting up to %g s for a "
