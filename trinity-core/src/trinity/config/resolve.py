@@ -415,6 +415,13 @@ def _check_mode(c: Config) -> None:
             key="buffer.explorer_input.eval_tasksets",
         )
     _share_queue_between_jobs(c)
+    if c.mode in ("explore", "train") and c.synchronizer.sync_method == "nccl":
+        raise ConfigError(
+            f"sync_method 'nccl' broadcasts between the explorer and trainer of one job; mode {c.mode!r} "
+            "runs one side of a decoupled pair, which gets weights through checkpoints: use "
+            "sync_method: checkpoint",
+            key="synchronizer.sync_method",
+        )
 
 
 def joins_cluster(c: Config) -> bool:

@@ -1,0 +1,78 @@
+"""Upstream's decoupled pair, ``examples/async_gsm8k/explorer.yaml`` + ``trainer.yaml`` (stored
+unchanged under ``upstream_configs/``), loads as two sides of one run: a ``mode: explore`` job
+and a ``mode: train`` job with the same job folder, sharing the ``queue`` buffer ``gsm8k_buffer``
+through its SQL path (each job has a Ray of its own) and the weights through checkpoints.
+``tests/e2e/test_decoupled.py`` runs such a pair for real."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trinity.config import load_config
+
+UPSTREAM = Path(__file__).parent / "upstream_configs" / "async_gsm8k"
+
+
+@pytest.fixture
+def upstream_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRINITY_MODEL_PATH", "/models/some-model")
+    monkeypatch.setenv("TRINITY_CHECKPOINT_ROOT_DIR", str(tmp_path / "ckpt"))
+    monkeypatch.setenv("TRINITY_TASKSET_PATH", str(tmp_path / "data"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.chdir(tmp_path)  # both jobs are started from the same folder
+    return tmp_path
+
+
+def test_the_async_gsm8k_pair_loads_as_two_sides_of_one_run(upstream_env):
+    explore = load_config(UPSTREAM / "explorer.yaml")
+    train = load_config(UPSTREAM / "trainer.yaml")
+    assert (explore.mode, train.mode) == ("explore", "train")
+    assert explore.checkpoint_job_dir == train.checkpoint_job_dir
+    for config in (explore, train):
+        buffer = config.buffer.trainer_input.experience_buffer
+        # No shared Ray cluster: the queue is shared through its SQL backup, one file for both.
+        assert (buffer.name, buffer.storage_type) == ("gsm8k_buffer", "sql")
+        assert buffer.path == f"sqlite:///{upstream_env / 'gsm8k.db'}"
+        assert config.synchronizer.sync_method == "checkpoint"
+        assert config.synchronizer.sync_interval == 10
+    # One training step takes one explorer step: 96 tasks x 8 rollouts.
+    assert train.buffer.train_batch_size == explore.buffer.batch_size * explore.algorithm.repeat_times == 768
+
+
+def test_on_a_shared_ray_cluster_the_pair_uses_the_named_queue(upstream_env, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    explore = load_config(UPSTREAM / "explorer.yaml")
+    train = load_config(UPSTREAM / "trainer.yaml")
+    for config in (explore, train):
+        buffer = config.buffer.trainer_input.experience_buffer
+        assert buffer.storage_type == "queue" and buffer.path == f"sqlite:///{upstream_env / 'gsm8k.db'}"
+    assert (
+        explore.buffer.trainer_input.experience_buffer.ray_namespace
+        == train.buffer.trainer_input.experience_buffer.ray_namespace
+        == "Trinity-RFT-gsm8k/async-qwen2.5-1.5B-gsm8k"
+    )
+
+
+def test_a_queue_without_a_path_cannot_be_shared_without_a_cluster(upstream_env, tmp_path):
+    from trinity.config.errors import ConfigError
+
+    text = (UPSTREAM / "trainer.yaml").read_text().replace("      path: 'sqlite:///gsm8k.db'\n", "")
+    (tmp_path / "trainer.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "trainer.yaml")
+    message = str(info.value)
+    assert "\n" not in message and "buffer.trainer_input.experience_buffer.path" in message
+    assert "give the queue a path" in message and "cluster.ray_address" in message
+
+
+def test_nccl_between_two_jobs_is_refused_in_one_line(upstream_env, tmp_path):
+    from trinity.config.errors import ConfigError
+
+    text = (
+        (UPSTREAM / "explorer.yaml").read_text().replace("sync_method: 'checkpoint'", "sync_method: 'nccl'")
+    )
+    (tmp_path / "explorer.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"mode 'explore' runs one side of a decoupled pair.*checkpoint"):
+        load_config(tmp_path / "explorer.yaml")
