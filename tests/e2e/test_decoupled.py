@@ -1,7 +1,7 @@
 """End to end: a decoupled pair, as upstream's ``async_gsm8k`` runs it: an ``explore`` job and a
 ``train`` job (two ``trinity run`` processes, each with a Ray of its own) share a ``queue``
 buffer through its SQL path and the weights through checkpoints. The explorer is SIGKILLed
-mid-run and restarted; nothing is lost or trained twice. Then a killed explorer that nobody
+mid-run and restarted, then the trainer; nothing is lost or trained twice. Then a killed explorer that nobody
 restarts: the trainer stops waiting with a line that says why."""
 
 from __future__ import annotations
@@ -100,6 +100,10 @@ def test_explore_and_train_jobs_survive_a_killed_explorer(tmp_path, math_job, jo
         _read_until(explorer, f"[explorer] step 2/{TOTAL}")
         _kill(explorer)
         explorer = _start(tmp_path, "explore", job_env)
+        # Then the trainer dies after step 3 (checkpoint 2 saved, step 3's weights not).
+        _read_until(trainer, f"[trainer] step 3/{TOTAL}")
+        _kill(trainer)
+        trainer = _start(tmp_path, "train", job_env)
         explore_out, _ = explorer.communicate(timeout=600)
         train_out, _ = trainer.communicate(timeout=600)
     finally:
@@ -109,7 +113,9 @@ def test_explore_and_train_jobs_survive_a_killed_explorer(tmp_path, math_job, jo
     assert explorer.returncode == 0, explore_out[-3000:]
     assert trainer.returncode == 0, train_out[-3000:]
     assert f"done: {TOTAL} train steps" in train_out, train_out[-3000:]
-    assert "resumed explorer" in (tmp_path / "ckpt" / "e2e" / "pair" / "log" / "explorer.log").read_text()
+    logs = tmp_path / "ckpt" / "e2e" / "pair" / "log"
+    assert "resumed explorer" in (logs / "explorer.log").read_text()
+    assert "resumed trainer at step" in (logs / "trainer.log").read_text()
     with sqlite3.connect(tmp_path / "buffer.db") as db:
         per_step = dict(
             db.execute("select consumed_step, count(*) from pair_buffer where consumed = 1 group by 1")
@@ -117,8 +123,9 @@ def test_explore_and_train_jobs_survive_a_killed_explorer(tmp_path, math_job, jo
         unread = db.execute("select count(*) from pair_buffer where consumed = 0").fetchone()[0]
         uids = db.execute("select count(*), count(distinct uid) from pair_buffer").fetchone()
         steps = dict(db.execute("select explorer_step, count(*) from pair_buffer group by 1"))
-    # The redone explorer step wrote nothing twice, each training step trained on exactly one
-    # explorer step's batch, and nothing is left over: no experience lost or trained twice.
+    # The redone explorer step wrote nothing twice; the rows the killed trainer read after its
+    # checkpoint were given back and trained by the resumed trainer's steps; each training step
+    # trained on exactly one explorer step's batch, and nothing is left over.
     assert uids[0] == uids[1] == TOTAL * BATCH and unread == 0
     assert steps == {step: BATCH for step in range(1, TOTAL + 1)}
     assert per_step == {step: BATCH for step in range(1, TOTAL + 1)}
