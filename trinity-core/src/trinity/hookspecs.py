@@ -109,3 +109,15 @@ def register_algorithm_types(register: Register) -> None:
 def register_selectors(register: Register) -> None:
     """Register ``Selector`` subclasses (kind ``selector``; ``data_selector.selector_type`` of a
     taskset); the core registers ``sequential``, ``shuffle`` and ``random`` itself."""
+
+
+@hookspec
+@registers(
+    "operator",
+    "trinity.data.operator:Operator",
+    "pip install trinity-core (its built-in operators, listed in docs/plugins.md) or a plugin registering more",
+)
+def register_operators(register: Register) -> None:
+    """Register data-processor operators (kind ``operator``): ``ExperienceOperator`` subclasses
+    for ``data_processor.experience_pipeline`` and ``TaskOperator`` subclasses for
+    ``data_processor.task_pipeline``; the core registers the built-ins itself."""

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from trinity.algorithm.policy_loss import PolicyLossFn
     from trinity.algorithm.sample_strategy import SampleStrategy
     from trinity.buffer.selector import Selector
+    from trinity.data.operator import Operator
     from trinity.workflow import RewardFn, Workflow
 
 ENTRY_POINT_GROUP = "trinity"
@@ -57,7 +58,10 @@ ENV_TRACE = "TRINITY_TRACE_HOOKS"
 #: Modules of trinity-core that implement hooks for the core's own components (the built-in
 #: selectors), by plugin name. They are registered before any plugin and whatever the allow /
 #: deny lists say, so those names always resolve; ``trinity plugins`` does not list them.
-CORE_PLUGINS: dict[str, str] = {"trinity-core": "trinity.buffer.selector"}
+CORE_PLUGINS: dict[str, str] = {
+    "trinity-core": "trinity.buffer.selector",
+    "trinity-core/operators": "trinity.data.builtin",
+}
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ ComponentKind = Literal[
     "sample_strategy",
     "algorithm_type",
     "selector",
+    "operator",
 ]
 
 
@@ -387,6 +392,8 @@ class TrinityPluginManager:
     @overload
     def get_component(self, kind: Literal["selector"], name: str) -> type[Selector]: ...
     @overload
+    def get_component(self, kind: Literal["operator"], name: str) -> type[Operator]: ...
+    @overload
     def get_component(self, kind: str, name: str) -> type: ...
 
     def get_component(self, kind: str, name: str) -> type:
@@ -569,6 +576,8 @@ def get_component(kind: Literal["sample_strategy"], name: str) -> type[SampleStr
 def get_component(kind: Literal["algorithm_type"], name: str) -> type[AlgorithmType]: ...
 @overload
 def get_component(kind: Literal["selector"], name: str) -> type[Selector]: ...
+@overload
+def get_component(kind: Literal["operator"], name: str) -> type[Operator]: ...
 @overload
 def get_component(kind: str, name: str) -> type: ...
 

@@ -415,6 +415,49 @@ def check_selector(
     )
 
 
+def check_operator(
+    cls: type, init_args: Mapping[str, Any] | None = None, rows: list[dict[str, Any]] | None = None
+) -> None:
+    """An :class:`~trinity.data.operator.ExperienceOperator` or
+    :class:`~trinity.data.operator.TaskOperator` built from ``default_args()`` (updated by
+    ``init_args``) returns ``(items, metrics)``: Experiences (of a step of two-rollout groups) or
+    row dicts (of ``rows``), and a mapping of numbers."""
+    from trinity.data.operator import ExperienceOperator, Operator, TaskOperator
+    from trinity.experience import Experience
+
+    _check_subclass(cls, Operator)
+    assert issubclass(cls, (ExperienceOperator, TaskOperator)), (
+        f"{cls.__name__} must subclass ExperienceOperator or TaskOperator, not Operator itself"
+    )
+    defaults = cls.default_args()
+    assert isinstance(defaults, dict), f"{cls.__name__}.default_args() must return a dict"
+    op = cls(**{**defaults, **dict(init_args or {})})
+    if issubclass(cls, ExperienceOperator):
+        items: list[Any] = make_experiences(8)
+        for i, exp in enumerate(items):
+            exp.reward = float(i % 3 == 0)
+        kind = Experience
+    else:
+        items = (
+            rows if rows is not None else [{"question": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]
+        )
+        kind = dict
+    result = op.process(list(items))
+    assert isinstance(result, tuple) and len(result) == 2, (
+        f"{cls.__name__}.process must return (items, metrics)"
+    )
+    out, metrics = result
+    assert isinstance(out, list) and all(isinstance(x, kind) for x in out), (
+        f"{cls.__name__}.process must return a list of {kind.__name__} first"
+    )
+    assert isinstance(metrics, Mapping), f"{cls.__name__}.process must return a mapping of metrics second"
+    for key, value in metrics.items():
+        assert isinstance(key, str) and isinstance(value, (int, float)) and not isinstance(value, bool), (
+            f"{cls.__name__}: metric {key!r} must be a number, got {value!r}"
+        )
+    op.close()
+
+
 #: The conformance check of every component kind (a test keeps it equal to ``trinity.plugins.KINDS``:
 #: a new hook kind is not done until it has a check here).
 CHECKS: dict[str, Callable[..., None]] = {
@@ -427,6 +470,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     "reward_fn": check_reward_fn,
     "workflow": check_workflow,
     "selector": check_selector,
+    "operator": check_operator,
 }
 
 

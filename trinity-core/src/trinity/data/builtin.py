@@ -1,0 +1,15 @@
+"""The core's own operators, registered through the ``register_operators`` hook before any
+plugin (see :data:`trinity.plugins.CORE_PLUGINS`), so their names always resolve."""
+
+from __future__ import annotations
+
+from trinity.hookspecs import Register, hookimpl
+
+
+@hookimpl
+def register_operators(register: Register) -> None:
+    """The built-in experience operators (Trinity-RFT's names)."""
+    from trinity.data.experience_ops import EXPERIENCE_OPERATORS
+
+    for name, cls in EXPERIENCE_OPERATORS.items():
+        register(name, cls)

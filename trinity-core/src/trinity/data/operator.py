@@ -1,0 +1,67 @@
+"""The two operator contracts of the data processor (component kind ``operator``).
+
+An :class:`ExperienceOperator` sees the experiences of one explore step, between the explorer
+and the buffer: it may change them (reshape rewards, add ``info`` stats), drop some (the
+pipeline counts the drops) and report metrics. A :class:`TaskOperator` sees task rows (plain
+dicts, as read from the taskset file) in batches before exploring: it maps or filters them.
+
+Both are built as ``cls(**args)`` with ``args`` = ``default_args()`` updated by the config's
+``args``, so an unknown argument fails at start with the operator named. Plugins register
+more through the ``register_operators`` hook (``docs/data.md`` has a worked example).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trinity.experience import Experience
+
+
+class Operator:
+    """Base class of every data-processor operator (what ``register_operators`` accepts).
+
+    Subclass :class:`ExperienceOperator` or :class:`TaskOperator`, not this class.
+    """
+
+    @classmethod
+    def default_args(cls) -> dict[str, Any]:
+        """Arguments used where the config gives none (shown by the studio and the docs)."""
+        return {}
+
+    def close(self) -> None:
+        """Release what the operator holds (clients, processes); called once at the end."""
+
+
+class ExperienceOperator(Operator):
+    """Maps or filters the experiences of one explore step.
+
+    Override :meth:`process`. Experiences of one task share ``eid.tid`` (a GRPO group); a
+    filter that drops a group's signal should drop the whole group. Metrics are plain numbers,
+    logged as ``pipeline/<operator name>/<key>`` with the explore step's metrics.
+    """
+
+    def process(self, experiences: list[Experience]) -> tuple[list[Experience], Mapping[str, float]]:
+        """The experiences to keep (changed in place or new) and metrics about this step."""
+        raise NotImplementedError
+
+
+class TaskOperator(Operator):
+    """Maps or filters task rows (dicts) before exploring.
+
+    Override :meth:`process`, which gets a batch of rows (at most ``batch_size`` of them) and
+    returns the rows to keep. With ``task_pipeline.num_process`` > 1 batches go to worker
+    processes, so an operator must be picklable and must not rely on seeing every row in one
+    call unless it sets ``whole_dataset = True`` (then it gets all rows at once, in the main
+    process: deduplication, top-k).
+    """
+
+    #: Rows per call to :meth:`process`.
+    batch_size: int = 256
+    #: Whether :meth:`process` must see every row in one call (runs in the main process).
+    whole_dataset: bool = False
+
+    def process(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Mapping[str, float]]:
+        """The rows to keep (changed or new dicts) and metrics about this batch (summed)."""
+        raise NotImplementedError
