@@ -133,6 +133,14 @@ def run_stage(config: Config) -> StageResult:
             flush=True,
         )
         config = renamed
+    if runs(config, "explorer") and config.mode not in ("bench", "serve"):
+        from trinity.data.tasks import apply_task_pipeline
+
+        try:
+            # Before any actor starts: the pipeline's output is the explorer's taskset.
+            config = apply_task_pipeline(config)
+        except (ValueError, OSError) as exc:
+            raise JobFailed(f"data_processor.task_pipeline: {exc}") from None
     if runs(config, "explorer") and config.mode != "bench":
         try:
             check_buffer_is_free(config, config.buffer.cache_dir)

@@ -8,8 +8,9 @@ from trinity.hookspecs import Register, hookimpl
 
 @hookimpl
 def register_operators(register: Register) -> None:
-    """The built-in experience operators (Trinity-RFT's names)."""
+    """The built-in experience and task operators (Trinity-RFT's names)."""
     from trinity.data.experience_ops import EXPERIENCE_OPERATORS
+    from trinity.data.task_ops import TASK_OPERATORS
 
-    for name, cls in EXPERIENCE_OPERATORS.items():
+    for name, cls in {**EXPERIENCE_OPERATORS, **TASK_OPERATORS}.items():
         register(name, cls)

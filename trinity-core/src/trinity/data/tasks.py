@@ -1,0 +1,173 @@
+"""The task pipeline: ``data_processor.task_pipeline`` turns raw task files into the explorer's
+taskset before the job explores.
+
+The driver runs it before starting the actors: it reads ``inputs`` (jsonl, json, parquet, csv
+or dataset folders; unreadable rows are skipped and counted), keeps ``target_fields``, runs the
+operators in order and writes ``<job dir>/task_pipeline/<split>.jsonl``. The output taskset
+(``task_pipeline.output``, else the first training taskset) then reads that folder. A
+``manifest.json`` beside it records what produced it (inputs' sizes and times, the operators
+and their arguments): a resumed or repeated job whose pipeline did not change reuses the file
+instead of recomputing it (LLM scoring can take hours).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trinity.config import Config, TaskPipelineConfig
+    from trinity.data.operator import TaskOperator
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+def _fingerprint(tp: TaskPipelineConfig, inputs: list[str]) -> str:
+    def stat(path: str) -> list[Any]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return [path, None, None]
+        return [os.path.abspath(path), st.st_size, int(st.st_mtime)]
+
+    desc = {
+        "inputs": [stat(p) for p in inputs],
+        "operators": [{"name": op.name, "args": op.args} for op in tp.operators],
+        "target_fields": list(tp.target_fields),
+        "top_k": tp.top_k,
+    }
+    return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _run_batches(
+    op: TaskOperator, rows: list[dict[str, Any]], workers: int
+) -> tuple[list[dict], dict[str, float]]:
+    if op.whole_dataset or len(rows) <= op.batch_size:
+        kept, metrics = op.process(list(rows))
+        return list(kept), dict(metrics or {})
+    batches = [rows[i : i + op.batch_size] for i in range(0, len(rows), op.batch_size)]
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            results = list(pool.map(op.process, batches))
+    else:
+        results = [op.process(batch) for batch in batches]
+    kept: list[dict[str, Any]] = []
+    totals: dict[str, float] = {}
+    for batch_rows, metrics in results:
+        kept.extend(batch_rows)
+        for key, value in (metrics or {}).items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+    return kept, totals
+
+
+def read_inputs(inputs: list[str], target_fields: list[str], split: str) -> tuple[list[dict[str, Any]], int]:
+    """The rows of ``inputs`` (only ``target_fields`` when given) and how many were unusable."""
+    from trinity.buffer.dataset import load_rows
+
+    rows, skipped = [], 0
+    for path in inputs:
+        for raw in load_rows(path, split=split):
+            if raw.error or not isinstance(raw.value, dict):
+                skipped += 1
+                logger.warning("task pipeline: skipped %s: %s", raw.where, raw.error or "not a JSON object")
+                continue
+            row = raw.value
+            if target_fields:
+                missing = [f for f in target_fields if f not in row]
+                if missing:
+                    skipped += 1
+                    logger.warning("task pipeline: skipped %s: no field %s", raw.where, ", ".join(missing))
+                    continue
+                row = {f: row[f] for f in target_fields}
+            rows.append(row)
+    return rows, skipped
+
+
+def run_task_pipeline(config: Config) -> tuple[str, dict[str, float]] | None:
+    """Run ``config``'s task pipeline (or reuse its cached output); returns the output folder and
+    the pipeline's counts, or ``None`` when there is no task pipeline to run."""
+    from trinity.data.operator import TaskOperator
+    from trinity.data.pipeline import build_operator
+
+    tp = config.data_processor.task_pipeline if config.data_processor else None
+    if tp is None or not tp.operators:
+        return None
+    output = tp.output or (config.buffer.explorer_input.tasksets or [None])[0]
+    if output is None:
+        raise ValueError(
+            "data_processor.task_pipeline has no output taskset: add buffer.explorer_input.taskset"
+        )
+    split = output.split or "train"
+    inputs = [os.path.expanduser(p) for p in tp.inputs]
+    if not inputs:
+        raise ValueError("data_processor.task_pipeline.inputs names no input file")
+    folder = os.path.join(config.checkpoint_job_dir, "task_pipeline")
+    out_file = os.path.join(folder, f"{split}.jsonl")
+    manifest_file = os.path.join(folder, MANIFEST)
+    fingerprint = _fingerprint(tp, inputs)
+    if os.path.isfile(out_file) and os.path.isfile(manifest_file):
+        with open(manifest_file) as f:
+            manifest = json.load(f)
+        if manifest.get("fingerprint") == fingerprint:
+            logger.info("task pipeline: reusing %s (inputs and operators unchanged)", out_file)
+            return folder, {k: float(v) for k, v in manifest.get("counts", {}).items()}
+    ops = [
+        (op.name, build_operator(op, TaskOperator, f"data_processor.task_pipeline.operators[{i}]"))
+        for i, op in enumerate(tp.operators)
+    ]
+    rows, skipped = read_inputs(inputs, list(tp.target_fields), split)
+    counts: dict[str, float] = {"input_rows": float(len(rows) + skipped), "skipped_rows": float(skipped)}
+    for name, op in ops:
+        before = len(rows)
+        rows, metrics = _run_batches(op, rows, tp.num_process)  # type: ignore[arg-type]
+        counts[f"{name}/dropped"] = float(before - len(rows))
+        counts.update({f"{name}/{k}": float(v) for k, v in metrics.items()})
+        op.close()
+    if tp.top_k > 0:
+        rows = rows[: tp.top_k]
+    counts["output_rows"] = float(len(rows))
+    os.makedirs(folder, exist_ok=True)
+    tmp = out_file + ".tmp"
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, out_file)  # a crash never leaves half a taskset that looks finished
+    with open(manifest_file, "w") as f:
+        json.dump({"fingerprint": fingerprint, "counts": counts}, f, indent=1)
+    logger.info(
+        "task pipeline: %d rows -> %d (%s)",
+        int(counts["input_rows"]),
+        len(rows),
+        ", ".join(f"{name} dropped {int(counts[f'{name}/dropped'])}" for name, _ in ops),
+    )
+    return folder, counts
+
+
+def apply_task_pipeline(config: Config) -> Config:
+    """``config`` with its output taskset reading the task pipeline's output (run or reused);
+    ``config`` itself when it has no task pipeline."""
+    result = run_task_pipeline(config)
+    if result is None:
+        return config
+    folder, counts = result
+    print(
+        f"[trinity] task pipeline: {int(counts['input_rows'])} rows -> {int(counts['output_rows'])} "
+        f"tasks in {folder}",
+        flush=True,
+    )
+    config = config.model_copy(deep=True)
+    tp = config.data_processor.task_pipeline
+    target = tp.output if tp.output is not None else config.buffer.explorer_input.tasksets[0]
+    target.path = folder
+    target.subset_name = None
+    if tp.output is not None and config.buffer.explorer_input.tasksets:
+        # The output taskset is the explorer's first training taskset (Trinity-RFT's rule).
+        config.buffer.explorer_input.tasksets[0].path = folder
+        config.buffer.explorer_input.tasksets[0].subset_name = None
+    return config
