@@ -71,6 +71,13 @@ def test_reward_std_filter_drops_groups_without_signal_and_singletons():
     assert metrics == {"dropped_groups": 3.0}
 
 
+def test_reward_std_filter_sees_equal_shaped_rewards_as_equal():
+    # 1.0 + 0.1, eight times: a float mean of 1.1000000000000003 must not make a signal.
+    exps = _step({0: [1.1] * 8, 1: [1.1] * 7 + [1.2]})
+    out, metrics = EXPERIENCE_OPERATORS["reward_std_filter"]().process(exps)
+    assert {e.eid.task for e in out} == {1} and metrics == {"dropped_groups": 1.0}
+
+
 def test_reward_and_invalid_reward_filters():
     exps = _step({0: [1.0, 0.0, None, math.nan, math.inf, -1.0]})
     kept, _ = EXPERIENCE_OPERATORS["reward_filter"](threshold=0.0).process(list(exps))
