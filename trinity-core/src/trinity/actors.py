@@ -80,7 +80,7 @@ class ExplorerActor:
             self.explorer.explore_step_num = int(state["step"])
             self.explorer.taskset_reader.load_state_dict(state["taskset"])
             self.logger.info("resumed explorer at step %d", self.explorer.explore_step_num)
-        if config.mode in ("both", "explore"):
+        if config.mode in ("both", "explore", "colocate"):
             # Registers this run's writer before the trainer's first read (the launcher waits
             # for this constructor): a shared buffer whose earlier writers all finished must
             # not look exhausted to it. Every step up to the current one is written.

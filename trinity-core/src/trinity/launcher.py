@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -85,34 +86,14 @@ def _setup_driver_logging() -> None:
 
 
 def _init_ray(config: Config) -> Any:
-    import ray
+    """Connect to Ray for ``config`` (:func:`trinity.cluster.connect`); a cluster that cannot be
+    used fails the job with its one-line reason."""
+    from trinity.cluster import ClusterError, connect
 
-    if ray.is_initialized():
-        return ray
-    env_vars = {
-        key: value
-        for key, value in os.environ.items()
-        if key.startswith("TRINITY_")
-        or key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS")
-    }
-    env_vars.setdefault("TOKENIZERS_PARALLELISM", "false")
-    runtime_env = {"env_vars": env_vars}
-    address = config.cluster.ray_address
-    if address in ("", "auto", "local") and not os.environ.get("RAY_ADDRESS"):
-        # No cluster named: start our own. Probing for "any running cluster" can latch onto a
-        # stale or dying local one (its session file outlives it), so it is opt-in.
-        ray.init(
-            address="local",
-            num_cpus=max(os.cpu_count() or 1, 2),
-            namespace=config.ray_namespace,
-            runtime_env=runtime_env,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
-    else:
-        target = os.environ.get("RAY_ADDRESS") if address in ("", "auto", "local") else address
-        ray.init(address=target, namespace=config.ray_namespace, runtime_env=runtime_env, log_to_driver=False)
-    return ray
+    try:
+        return connect(config)
+    except ClusterError as exc:
+        raise JobFailed(str(exc)) from None
 
 
 def run_stage(config: Config) -> StageResult:
@@ -149,6 +130,10 @@ def run_stage(config: Config) -> StageResult:
     ray = _init_ray(config)
     job_dir = Path(config.checkpoint_job_dir)
     (job_dir / "log").mkdir(parents=True, exist_ok=True)
+    if config.mode == "serve":  # no step loop: serves until stopped (trinity.explorer.serve)
+        from trinity.explorer.serve import run_serve
+
+        return run_serve(config)
     synchronizer = Synchronizer.from_config(config.synchronizer)
     total = total_steps(config)
     # One run per role, as Trinity-RFT logs them (the "_explorer" / "_trainer" runs).
@@ -311,6 +296,18 @@ READER_POSITION_KEY = "_reader_position"
 class _StepLoop:
     """Steps explorer and trainer concurrently, syncing weights as the synchronizer decides.
 
+    Who waits for what in each ``synchronizer.sync_style`` is documented in
+    :mod:`trinity.sync.synchronizer`; this loop carries it out. Two rules of its own keep it
+    free of deadlocks: a weight sync runs only while neither actor is in a step (each actor runs
+    one call at a time, so a sync would queue behind a step), and trainer step ``t`` starts only
+    once the explorer finished the step whose experiences it reads (before that it could only
+    block in its read, holding up a sync the explorer waits for).
+
+    Explore-only stages (``trainer`` is ``None``) load the newest checkpoint a separate trainer
+    job wrote to the job dir at the style's sync points (``sync_method: checkpoint``); train-only
+    stages (``explorer`` is ``None``) save one for such a job every ``trainer_sync_interval``
+    steps.
+
     Everything the console shows about a running stage comes from here: one line per explore
     step whose tasks failed (count and first error), a line while anything waits longer than
     :func:`_wait_report_s` (who waits for what), and the closing line, which says ``done`` only
@@ -339,6 +336,15 @@ class _StepLoop:
         # The trainer's buffer position after its last finished step: rows read after it are
         # given back when the job is interrupted mid-step.
         self.reader_position: dict[str, Any] | None = None
+        # What the explorer waits for when it is between steps and not running (a decision).
+        self.explorer_wait: Any = None
+        # Explore-only: when each needed checkpoint was first waited for; targets given up on.
+        self.checkpoint_wait_since: dict[int, float] = {}
+        self.checkpoint_given_up: set[int] = set()
+        self.said_no_trainer = False
+        self.weights: WeightTransport | None = None
+        self.checkpoint_sync = config.synchronizer.sync_method == "checkpoint"
+        self.explore_steps_per_batch = _explore_steps_per_batch(config)
 
     def get(self, ref: Any, doing: str) -> Any:
         return _get(self.ray, ref, doing)
@@ -351,11 +357,21 @@ class _StepLoop:
         if trainer is not None:
             self.trainer_step = self.get(trainer.current_step.remote(), "trainer")
             self.reader_position = self.get(trainer.reader_position.remote(), "trainer")
+        if (explorer is None or trainer is None) and not self.checkpoint_sync:
+            other = "trainer" if trainer is None else "explorer"
+            logger.warning(
+                "synchronizer.sync_method %s: this %s-only stage exchanges no weights with the %s job "
+                "(only sync_method checkpoint does, through %s)",
+                config.synchronizer.sync_method,
+                "explore" if trainer is None else "train",
+                other,
+                config.checkpoint_job_dir,
+            )
         total = total_steps(config)
         explore_ref = train_ref = None
         explorer_done, trainer_done = explorer is None, trainer is None
         start = time.monotonic()
-        weights = _open_weight_sync(ray, config, explorer, trainer)
+        weights = self.weights = _open_weight_sync(ray, config, explorer, trainer)
         if explorer is not None and config.explorer.eval_on_startup and self.explorer_step == 0:
             self.eval(0)
 
@@ -367,25 +383,31 @@ class _StepLoop:
                     explorer_done = True
                     self.get(explorer.finish.remote(), "explorer finish")
                 else:
-                    run = True
-                    if trainer is not None:
-                        decision = self.synchronizer.explorer_decision(
-                            self.explorer_step, self.trainer_step, self.explorer_version
-                        )
-                        if decision.action == "sync" or (decision.action == "wait" and trainer_done):
-                            self.explorer_version = _sync(weights.sync)
-                        elif decision.action == "wait":
-                            run = False  # until the trainer reaches decision.version
+                    run = self.explorer_may_run(train_ref is not None, trainer_done)
                     self.run_due_evals()
                     if run:
                         explore_ref = explorer.explore_step.remote()
             if not trainer_done and train_ref is None:
                 if total is not None and self.trainer_step >= total:
                     trainer_done = True
-                else:
+                elif self.trainer_may_run(explorer_done):
                     train_ref = trainer.train_step.remote()
             pending = [r for r in (explore_ref, train_ref) if r is not None]
             if not pending:
+                if trainer is None and self.explorer_wait is not None:
+                    # Explore-only: poll the job dir for the other job's checkpoint.
+                    time.sleep(min(1.0, _wait_report_s()))
+                    if time.monotonic() - waiting_since >= _wait_report_s():
+                        self.report_wait(None, None, explorer_done, time.monotonic() - waiting_since)
+                        waiting_since = time.monotonic()
+                    continue
+                if not (explorer_done and trainer_done):
+                    raise JobFailed(
+                        f"explorer (step {self.explorer_step}) and trainer (step {self.trainer_step}) wait "
+                        f"for each other: {getattr(self.explorer_wait, 'reason', 'no reason')}; one train "
+                        "step takes more explore steps than the synchronizer lets the explorer run "
+                        "ahead (raise synchronizer.sync_offset)"
+                    )
                 continue
             ready, _ = ray.wait(pending, num_returns=1, timeout=_wait_report_s())
             if not ready:
@@ -415,12 +437,114 @@ class _StepLoop:
             self.pending_evals or not _eval_due(config, self.explorer_step)
         )
         if weights is not None and final_checkpoint and final_eval:
-            self.explorer_version = _sync(weights.sync)
+            self.sync_weights("final")
             self.pending_evals.clear()
             self.eval(self.explorer_step)
         if weights is not None:
             _sync(weights.close)  # a later stage (new actors) opens a transport of its own
         return self.finish(total, final_checkpoint, time.monotonic() - start)
+
+    # -- who may start a step ------------------------------------------------------------------
+
+    def explorer_may_run(self, trainer_busy: bool, trainer_done: bool) -> bool:
+        """Ask the synchronizer (syncing as it says) whether the explorer starts its next step."""
+        self.explorer_wait = None
+        if self.trainer is None:
+            return self.checkpoint_may_run()
+        if trainer_done:
+            # No more versions will come: load the last one once, never wait.
+            if self.trainer_step > self.explorer_version:
+                self.sync_weights("the trainer finished")
+            return True
+        for _ in range(2):  # a sync is followed by one more question
+            decision = self.synchronizer.explorer_decision(
+                self.explorer_step, self.trainer_step, self.explorer_version, trainer_busy
+            )
+            if decision.action == "sync":
+                self.sync_weights(decision.reason)
+                continue
+            if decision.action == "wait":
+                self.explorer_wait = decision
+                return False
+            return True
+        return True
+
+    def trainer_may_run(self, explorer_done: bool) -> bool:
+        """Trainer step ``t + 1`` starts once the explore step it reads has finished (or no more
+        will come), unless the synchronizer holds the trainer (``trainer_driven``). Started
+        earlier it would only sit in its read, and a trainer in a step cannot sync."""
+        if self.explorer is None or explorer_done:
+            return True
+        needed = math.ceil((self.trainer_step + 1) * self.explore_steps_per_batch - 1e-9)
+        if self.explorer_step < needed:
+            return False
+        return not self.synchronizer.trainer_holds(self.trainer_step, self.explorer_version)
+
+    def sync_weights(self, why: str) -> None:
+        """Move the trainer's current weights to the explorer (both are between steps)."""
+        before = self.explorer_version
+        self.explorer_version = _sync(self.weights.sync)
+        logger.info(
+            "synced weights version %d -> %d (explorer step %d, trainer step %d): %s",
+            before,
+            self.explorer_version,
+            self.explorer_step,
+            self.trainer_step,
+            why,
+        )
+
+    def checkpoint_may_run(self) -> bool:
+        """Explore-only: load the other job's newest checkpoint at the style's sync points; in
+        ``fixed`` style wait for the needed one, at most ``synchronizer.sync_timeout`` seconds,
+        once the job dir holds any checkpoint (before that no trainer job is known to run)."""
+        if not self.checkpoint_sync:
+            return True
+        from trinity.trainer.checkpoint import find_latest_checkpoint
+
+        found = find_latest_checkpoint(self.config.checkpoint_job_dir)
+        latest, path = found if found else (0, None)
+        decision = self.synchronizer.checkpoint_decision(self.explorer_step, latest, self.explorer_version)
+        if decision.action == "sync":
+            self.explorer_version = self.get(
+                self.explorer.load_checkpoint.remote((path, latest)), "explorer checkpoint load"
+            )
+            print(
+                f"[trinity] explorer step {self.explorer_step}: loaded the trainer job's checkpoint "
+                f"{path} (model version {self.explorer_version})",
+                flush=True,
+            )
+            self.monitors["explorer"].log(
+                {"sync/model_version": float(self.explorer_version)}, self.explorer_step
+            )
+            return True
+        if decision.action == "wait" and found is None:
+            # Nothing shows that a trainer job runs (Trinity-RFT waits only for a running one):
+            # an explore job on its own, as in explore-then-train, must not stall here.
+            if not self.said_no_trainer:
+                self.said_no_trainer = True
+                print(
+                    f"[trinity] explorer step {self.explorer_step}: no trainer checkpoint in "
+                    f"{self.config.checkpoint_job_dir} yet; exploring on with model version "
+                    f"{self.explorer_version} (fixed style waits for the needed one once a trainer "
+                    "job has saved any)",
+                    flush=True,
+                )
+            return True
+        if decision.action == "wait" and decision.version not in self.checkpoint_given_up:
+            since = self.checkpoint_wait_since.setdefault(decision.version, time.monotonic())
+            timeout = self.config.synchronizer.sync_timeout
+            if time.monotonic() - since < timeout:
+                self.explorer_wait = decision
+                return False
+            self.checkpoint_given_up.add(decision.version)
+            print(
+                f"[trinity] explorer step {self.explorer_step}: no checkpoint of trainer step "
+                f"{decision.version} in {self.config.checkpoint_job_dir} after {timeout}s "
+                f"(synchronizer.sync_timeout); exploring on with model version {self.explorer_version}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return True
 
     # -- per-step bookkeeping ------------------------------------------------------------------
 
@@ -429,6 +553,12 @@ class _StepLoop:
 
         self.explorer_step += 1
         step = self.explorer_step
+        # Staleness: the experiences of explorer step e are trained by trainer step
+        # ceil(e / steps-per-batch), which starts from version (that step - 1); the lag is how
+        # many trainer updates the weights that produced them are behind (0 = on-policy).
+        version = metrics.get("rollout/model_version", self.explorer_version)
+        trained_by = math.ceil(step / self.explore_steps_per_batch - 1e-9)
+        metrics["rollout/model_version_lag"] = float(max(0, trained_by - 1 - int(version)))
         _log(self.monitors["explorer"], metrics, step)
         self.last_metrics.update(_numbers(metrics))
         report = metrics.get(FAILURES_KEY)
@@ -456,6 +586,19 @@ class _StepLoop:
         self.reader_position = metrics.pop(READER_POSITION_KEY, self.reader_position)
         if metrics.get("trainer/empty_step"):
             self.empty_train_steps += 1
+        if (
+            self.explorer is None
+            and self.checkpoint_sync
+            and self.synchronizer.is_publish_step(self.trainer_step)
+        ):
+            # Train-only: publish the weights for the explorer job (sync_method checkpoint).
+            path, version = self.get(self.trainer.save_weights.remote(), "trainer checkpoint save")
+            logger.info(
+                "trainer step %d: saved %s for the explorer job (version %d)",
+                self.trainer_step,
+                path,
+                version,
+            )
         _log(self.monitors["trainer"], metrics, self.trainer_step)
         self.last_metrics.update(_numbers(metrics))
 
@@ -470,10 +613,18 @@ class _StepLoop:
     def report_wait(self, explore_ref: Any, train_ref: Any, explorer_done: bool, seconds: float) -> None:
         """One console line saying who waits for what, while nothing finishes."""
         parts = []
+        wait = self.explorer_wait
         if explore_ref is not None:
             parts.append(f"explorer step {self.explorer_step + 1} is running its tasks")
+        elif not explorer_done and self.trainer is None and wait is not None:
+            parts.append(
+                f"the explorer waits for the trainer job's checkpoint of step {wait.version} in "
+                f"{self.config.checkpoint_job_dir} (synchronizer.sync_timeout "
+                f"{self.config.synchronizer.sync_timeout}s; holds model version {self.explorer_version})"
+            )
         elif not explorer_done and self.trainer is not None:
-            parts.append(f"the explorer waits for trainer step {self.trainer_step + 1} to sync weights")
+            step = wait.version if wait is not None else self.trainer_step + 1
+            parts.append(f"the explorer waits for trainer step {step} to sync weights")
         if train_ref is not None:
             parts.append(
                 f"trainer step {self.trainer_step + 1} is running (it trains once the explorer's "
@@ -512,6 +663,20 @@ class _StepLoop:
             self.last_metrics,
             "; ".join(short) or None,
         )
+
+
+def _explore_steps_per_batch(config: Config) -> float:
+    """Explorer steps whose experiences make one training batch, as the trainer counts them
+    (1 for step-wise algorithms, whose rollouts make a variable number of experiences)."""
+    try:
+        from trinity.plugins import get_component
+
+        if getattr(get_component("algorithm_type", config.algorithm.algorithm_type), "step_wise", False):
+            return 1.0
+    except Exception:  # an unknown algorithm fails elsewhere, with its own message
+        pass
+    per_explore_step = max(1, config.buffer.batch_size * config.algorithm.repeat_times)
+    return max(1e-9, (config.buffer.train_batch_size or per_explore_step) / per_explore_step)
 
 
 def _open_weight_sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> WeightTransport | None:

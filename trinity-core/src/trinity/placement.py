@@ -5,7 +5,12 @@ The GPU split follows Trinity-RFT's veRL-alignment guide: rollout engines take
 vLLM engines and veRL worker groups reserve their own GPUs (placement groups), so the actors
 that drive them ask for none; the transformers engine and the native trainer run inside their
 actors, so those actors ask for the GPUs themselves. On a single GPU shared by both roles,
-each gets half of it (they take turns, as a colocated setup does).
+each gets half of it (they take turns, as a colocated setup does). ``mode: colocate`` asks for
+exactly that (Trinity-RFT's meaning): the two roles share one GPU however many the cluster has;
+on a CPU-only cluster it runs as ``both``, the roles splitting the cores.
+
+Actors are placed by resources only, never by node name: Ray puts each where its CPUs and GPUs
+are free, on any node of the cluster the job joined (``cluster.ray_address``).
 
 Ray starts an actor that asks for one CPU with ``OMP_NUM_THREADS=1``, so torch in it uses one
 core however many the machine has. :func:`cpu_shares` says how much of its node's cores each
@@ -45,6 +50,8 @@ def actor_resources(config: Config, cluster_gpus: float) -> dict[str, dict[str, 
     trainer: dict[str, Any] = {"num_cpus": 1}
     if cluster_gpus <= 0:
         return {"explorer": explorer, "trainer": trainer}
+    if config.mode == "colocate":
+        cluster_gpus = min(cluster_gpus, 1.0)  # the roles share one GPU, whatever else is free
     explorer_gpus = 0.0
     if runs(config, "explorer") and _model_in_actor(config, "explorer"):
         explorer_gpus = float(config.explorer.rollout_model.engine_num)

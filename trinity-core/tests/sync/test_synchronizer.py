@@ -62,8 +62,79 @@ def test_dynamic_loads_newest_and_bounds_lead():
 
 def test_from_config_and_validation():
     sync = Synchronizer.from_config(SynchronizerConfig(sync_interval=3, sync_offset=2, sync_style="dynamic"))
-    assert (sync.sync_interval, sync.sync_offset, sync.sync_style) == (3, 2, "dynamic")
+    assert (sync.sync_interval, sync.sync_offset, sync.sync_style) == (3, 2, "fully_async")
+    assert sync.trainer_sync_interval == 3
+    sync = Synchronizer.from_config(
+        SynchronizerConfig(sync_interval=3, trainer_sync_interval=2, sync_style="dynamic_by_trainer")
+    )
+    assert (sync.sync_style, sync.trainer_sync_interval, sync.published_version(5)) == (
+        "trainer_driven",
+        2,
+        4,
+    )
     with pytest.raises(ValueError, match="sync_interval"):
         Synchronizer(0)
     with pytest.raises(ValueError, match="sync_style"):
         Synchronizer(1, 0, "sometimes")
+
+
+def test_fixed_waits_for_a_busy_trainer_to_end_its_step():
+    sync = Synchronizer(1, 0)
+    assert sync.explorer_decision(1, 1, 0, trainer_busy=True) == sync.explorer_decision(1, 1, 0, True)
+    d = sync.explorer_decision(1, 1, 0, trainer_busy=True)
+    assert (d.action, d.version) == ("wait", 2)
+    assert sync.explorer_decision(1, 1, 0).action == "sync"
+    assert sync.explorer_decision(1, 1, 1, trainer_busy=True).action == "run"  # holds what it needs
+
+
+def test_explorer_driven_takes_what_the_trainer_has_at_sync_points_only():
+    sync = Synchronizer(2, 0, "explorer_driven")
+    assert sync.explorer_decision(1, 1, 0).action == "run"  # not a sync point: newer weights wait
+    d = sync.explorer_decision(2, 1, 0)
+    assert (d.action, d.version) == ("sync", 1)  # fixed would wait for version 2
+    assert Synchronizer(2, 0).explorer_decision(2, 1, 0).action == "wait"
+    assert sync.explorer_decision(2, 1, 0, trainer_busy=True).version == 2  # the step in flight
+    assert sync.explorer_decision(2, 1, 1).action == "run"
+    assert sync.explorer_decision(3, 0, 0).action == "wait"  # 4 - 0 > max lead 2
+
+
+def test_trainer_driven_publishes_and_holds_until_loaded():
+    sync = Synchronizer(2, 0, "trainer_driven")
+    assert [t for t in range(6) if sync.is_publish_step(t)] == [2, 4]
+    assert sync.explorer_decision(1, 1, 0).action == "run"  # version 1 is not published
+    assert sync.explorer_decision(1, 2, 0) == sync.explorer_decision(3, 2, 0)  # any step boundary
+    assert (sync.explorer_decision(1, 2, 0).action, sync.explorer_decision(1, 2, 0).version) == ("sync", 2)
+    assert sync.explorer_decision(1, 2, 0, trainer_busy=True).action == "run"
+    assert sync.trainer_holds(2, 0) and not sync.trainer_holds(2, 2) and not sync.trainer_holds(3, 2)
+    assert not Synchronizer(2, 0, "fully_async").trainer_holds(2, 0)
+    assert not Synchronizer(2, 0, "fixed").trainer_holds(2, 0)
+
+
+def test_fully_async_never_waits_within_the_lead():
+    sync = Synchronizer(1, 1, "fully_async")
+    assert sync.max_lead == 2
+    for e, t in [(0, 0), (1, 0), (2, 1), (5, 4)]:
+        assert sync.explorer_decision(e, t, t, trainer_busy=True).action == "run"
+    assert sync.explorer_decision(2, 0, 0, trainer_busy=True).action == "wait"
+    assert sync.explorer_decision(3, 2, 1).action == "sync"
+
+
+def test_checkpoint_decision_of_explore_only_jobs():
+    fixed = Synchronizer(2, 0)
+    assert fixed.checkpoint_decision(1, 5, 0).action == "run"  # not a sync step
+    assert fixed.checkpoint_decision(2, 1, 0) == fixed.checkpoint_decision(2, 1, 0)
+    assert (fixed.checkpoint_decision(2, 1, 0).action, fixed.checkpoint_decision(2, 1, 0).version) == (
+        "wait",
+        2,
+    )
+    assert (fixed.checkpoint_decision(2, 3, 0).action, fixed.checkpoint_decision(2, 3, 0).version) == (
+        "sync",
+        3,
+    )
+    driven = Synchronizer(2, 0, "explorer_driven")
+    assert driven.checkpoint_decision(2, 1, 0).action == "sync"  # whatever is there
+    assert driven.checkpoint_decision(1, 1, 0).action == "run"
+    for style in ("trainer_driven", "fully_async"):
+        sync = Synchronizer(2, 0, style)
+        assert sync.checkpoint_decision(1, 1, 0).action == "sync"
+        assert sync.checkpoint_decision(9, 1, 1).action == "run"  # never waits, no lead bound

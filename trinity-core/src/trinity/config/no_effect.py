@@ -117,7 +117,10 @@ def _ignored_by_selector(field: str) -> Callable[[Any, Any, Any], bool]:
 
 
 _NO_LORA_SERVING = "the rollout engines serve no LoRA adapters"
-_NO_SERVE = "serve mode is not implemented"
+_NO_ROLLING_SYNC = "serve mode serves one engine, whose weights are swapped between batches"
+_NO_HISTORY_DB = (
+    "serve mode keeps calls awaiting feedback in memory; committed ones go to the experience buffer"
+)
 _SELECTORS = (
     "the built-in selectors (sequential, shuffle, random) take no feature keys or arguments, eval "
     "tasksets are read in file order, and SFT/DPO datasets give their selector only a seed"
@@ -190,17 +193,8 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     *_inference("enable_lora", _NO_LORA_SERVING),
     *_inference("rope_scaling", "not passed to the engines"),
     *_inference("rope_theta", "not passed to the engines"),
-    NoEffect("explorer.proxy_port", _NO_SERVE),
-    NoEffect("explorer.listen_address", _NO_SERVE),
-    NoEffect("explorer.service_status_check_interval", _NO_SERVE),
-    NoEffect("explorer.min_running_model_num", _NO_SERVE),
-    NoEffect("explorer.db_url", _NO_SERVE),
-    NoEffect(
-        "explorer.over_rollout",
-        "every explore step waits for all its tasks",
-        lambda value, default, root: value.ratio > 0,
-    ),
-    NoEffect("explorer.dynamic_timeout", "task timeouts are fixed (`explorer.max_timeout`)", _enabled),
+    NoEffect("explorer.min_running_model_num", _NO_ROLLING_SYNC),
+    NoEffect("explorer.db_url", _NO_HISTORY_DB),
     NoEffect("explorer.runner_state_report_interval", "runner state reports are not implemented"),
     NoEffect("explorer.max_inflight_batches", "the explorer runs one explore step at a time"),
     # trainer
@@ -213,18 +207,38 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect("monitor.detailed_stats", "std/max/min of evaluation metrics are not logged"),
     NoEffect(
         "synchronizer.trainer_sync_interval",
-        "the trainer follows `synchronizer.sync_interval`",
-        lambda value, default, root: bool(value) and value != root.synchronizer.sync_interval,
+        "only the `trainer_driven` and `fully_async` styles and `train`-mode jobs publish on the "
+        "trainer's own interval",
+        lambda value, default, root: (
+            bool(value)
+            and value != root.synchronizer.sync_interval
+            and not (
+                root.mode == "train"
+                or (
+                    root.mode in ("both", "colocate")
+                    and root.synchronizer.sync_style in ("trainer_driven", "fully_async", "dynamic")
+                )
+            )
+        ),
     ),
     NoEffect("synchronizer.wait_for_checkpoint", "not implemented"),
     NoEffect("synchronizer.explorer_world_size", "derived for Trinity-RFT compatibility; not read"),
     NoEffect("log.save_dir", "derived: actor logs always go to `<job_dir>/log`"),
-    NoEffect("service.data_juicer", "Data-Juicer is not run by this version"),
-    NoEffect("data_processor.task_pipeline", "data pipelines are not run by this version"),
+    NoEffect("service.data_juicer", "Data-Juicer is not run by this version (no data_juicer operator)"),
     NoEffect(
-        "data_processor.experience_pipeline",
-        "data pipelines are not run by this version (task selectors such as difficulty_based get "
-        "pass rates from the explorer directly, without pass_rate_calculator)",
+        "data_processor.task_pipeline.config_path",
+        "a Data-Juicer recipe; Data-Juicer is not run by this version",
+    ),
+    NoEffect(
+        "data_processor.task_pipeline.priority_weights",
+        "task priorities are not computed; order tasks with a data_selector (e.g. difficulty_based)",
+    ),
+    NoEffect(
+        "data_processor.experience_pipeline.inputs[*]", "the pipeline reads only the explorer's experiences"
+    ),
+    NoEffect(
+        "data_processor.experience_pipeline.output",
+        "the pipeline writes to buffer.trainer_input.experience_buffer",
     ),
 )
 

@@ -54,6 +54,9 @@ def _resolve(c: Config) -> None:
     _resolve_synchronizer(c)
     _resolve_eval_interval(c)
     _check_mode(c)
+    _check_sync(c)
+    _check_colocate(c)
+    _check_data_processor(c)
     try:
         algo_cls.check_config(c)
     except ValueError as exc:
@@ -378,7 +381,7 @@ def _resolve_synchronizer(c: Config) -> None:
     if "sync_method" not in s.model_fields_set:
         # Only separate processes (explore / train modes) need checkpoints on disk. `both` mode
         # defaults to memory (state dict via Ray); `nccl` (a broadcast group) is asked for by name.
-        s.sync_method = "checkpoint" if c.mode != "both" else "memory"
+        s.sync_method = "memory" if c.mode in ("both", "colocate") else "checkpoint"
     s.explorer_sync_interval = s.explorer_sync_interval or s.sync_interval
     s.trainer_sync_interval = s.trainer_sync_interval or s.sync_interval
     s.explorer_world_size = rm.engine_num * rm.gpu_per_engine
@@ -402,7 +405,7 @@ def _resolve_eval_interval(c: Config) -> None:
 
 def _check_mode(c: Config) -> None:
     if c.mode == "serve":
-        raise ConfigError("mode 'serve' is not implemented yet", key="mode")
+        _check_serve(c)
     ei = c.buffer.explorer_input
     if c.mode in ("both", "explore") and not ei.tasksets:
         raise ConfigError(
@@ -427,22 +430,34 @@ def _check_mode(c: Config) -> None:
 def joins_cluster(c: Config) -> bool:
     """Whether the job joins an existing Ray cluster (``cluster.ray_address`` or
     ``$RAY_ADDRESS``) rather than starting a Ray of its own."""
-    return c.cluster.ray_address not in ("", "auto", "local") or bool(os.environ.get("RAY_ADDRESS"))
+    from trinity.cluster import resolve_address
+
+    return resolve_address(c.cluster.ray_address, os.environ)[0] is not None
 
 
 def _share_queue_between_jobs(c: Config) -> None:
-    """A ``queue`` read or written by one side of a decoupled pair (``mode: explore`` and
-    ``mode: train`` as two jobs). On a shared Ray cluster the two jobs find the same named queue
+    """A ``queue`` read or written by one side of a decoupled pair (``mode: explore`` or
+    ``serve``, and ``mode: train``, as two jobs). On a shared Ray cluster the two jobs find the same named queue
     actor (namespace ``<project>/<name>``). A job that starts a Ray of its own cannot reach the
     other job's actor, so it uses the queue's SQL backup (``path``) as the buffer itself, as
     ``storage_type: sql``: the explorer writes rows there, the trainer claims them."""
     eb = c.buffer.trainer_input.experience_buffer
-    if c.mode not in ("explore", "train") or eb is None or eb.storage_type != "queue" or joins_cluster(c):
+    if (
+        c.mode not in ("explore", "train", "serve")
+        or eb is None
+        or eb.storage_type != "queue"
+        or joins_cluster(c)
+    ):
         return
     key = "buffer.trainer_input.experience_buffer"
+    given = ((c._source or {}).get("buffer") or {}).get("trainer_input") or {}
+    if not eb.path and given.get("experience_buffer") is None and c.mode == "explore":
+        # No buffer configured (`trinity debug`, an explore job looking at its rollouts): the
+        # explorer writes to a queue of its own run, nothing shared with another job.
+        return
     if not eb.path:
         raise ConfigError(
-            f"mode {c.mode!r} shares its queue with a separate {'train' if c.mode == 'explore' else 'explore'} "
+            f"mode {c.mode!r} shares its queue with a separate {'explore' if c.mode == 'train' else 'train'} "
             "job: give the queue a path (its SQL backup, e.g. sqlite:///buffer.db) or run both jobs on one "
             "Ray cluster (cluster.ray_address, after `ray start --head`)",
             key=f"{key}.path",
@@ -542,3 +557,117 @@ def replace_values(data: Any, old: str, new: str) -> Any:
     if isinstance(data, list):
         return [replace_values(v, old, new) for v in data]
     return new if data == old else data
+
+
+def _check_serve(c: Config) -> None:
+    """``mode: serve`` writes for a separate ``mode: train`` job and picks up its checkpoints
+    (see :mod:`trinity.explorer.serve`): the buffer must outlive the job and be readable by
+    another process, the weights come from checkpoints on disk, and one engine serves."""
+    sync = c.synchronizer
+    if sync.sync_method != "checkpoint":
+        raise ConfigError(
+            f"mode 'serve' loads the train job's checkpoints from disk; {sync.sync_method!r} needs both "
+            "roles in one job: use sync_method: checkpoint (or leave it unset)",
+            key="synchronizer.sync_method",
+        )
+    rm = c.explorer.rollout_model
+    if rm.engine_num != 1:
+        raise ConfigError(
+            f"mode 'serve' serves one engine (got {rm.engine_num}); set engine_num: 1 "
+            "(use tensor_parallel_size for a larger model)",
+            key="explorer.rollout_model.engine_num",
+        )
+    if c.buffer.explorer_input.tasksets:
+        logger.warning("mode 'serve' reads no tasksets: buffer.explorer_input.tasksets are not used")
+    if c.explorer.auxiliary_models:
+        logger.warning(
+            "mode 'serve' serves only the rollout model: explorer.auxiliary_models are not started"
+        )
+
+
+def _check_colocate(c: Config) -> None:
+    """``mode: colocate``, as in Trinity-RFT: trainer and explorer share one GPU (on a CPU-only
+    cluster, the cores), so one engine of one GPU, no auxiliary models, and weights synced
+    through memory: there is no second device for an ``nccl`` broadcast."""
+    if c.mode != "colocate":
+        return
+    rm, cluster = c.explorer.rollout_model, c.cluster
+    if not c.buffer.explorer_input.tasksets:
+        raise ConfigError(
+            "mode 'colocate' needs at least one training taskset; add buffer.explorer_input.tasksets",
+            key="buffer.explorer_input.tasksets",
+        )
+    if cluster.node_num * cluster.gpu_per_node > 1:
+        raise ConfigError(
+            f"mode 'colocate' shares one GPU between trainer and explorer, and cluster.node_num * "
+            f"cluster.gpu_per_node is {cluster.node_num * cluster.gpu_per_node}; use mode 'both'",
+            key="mode",
+        )
+    one_gpu = "mode 'colocate' (trainer and explorer on one GPU)"
+    checks = [
+        ("explorer.rollout_model.engine_num", rm.engine_num),
+        ("explorer.rollout_model.tensor_parallel_size", rm.tensor_parallel_size),
+        ("trainer.ulysses_sequence_parallel_size", c.trainer.ulysses_sequence_parallel_size),
+    ]
+    for key, value in checks:
+        if value != 1:
+            raise ConfigError(f"is {value}; {one_gpu} needs 1, or use mode 'both'", key=key)
+    if c.explorer.auxiliary_models:
+        raise ConfigError(
+            f"{one_gpu} runs no auxiliary models; use mode 'both'", key="explorer.auxiliary_models"
+        )
+    if c.synchronizer.sync_method == "nccl":
+        raise ConfigError(
+            "mode 'colocate' cannot use nccl: trainer and explorer share one GPU, there is nothing to "
+            "broadcast to; use memory (the default) or checkpoint",
+            key="synchronizer.sync_method",
+        )
+
+
+def _check_sync(c: Config) -> None:
+    """Cross-section rules of the synchronizer (see :mod:`trinity.sync.synchronizer`)."""
+    over = c.explorer.over_rollout
+    style = c.synchronizer.sync_style
+    if (over.ratio > 0 or over.return_partial_tasks) and style == "fixed":
+        # Trinity-RFT refuses it too: a fixed schedule waits for the trainer at every sync step
+        # anyway, so ending explore steps early would only drop tasks.
+        raise ConfigError(
+            "over_rollout needs a dynamic sync style: set synchronizer.sync_style to explorer_driven, "
+            "trainer_driven or fully_async (fixed waits for every task)",
+            key="explorer.over_rollout.ratio"
+            if over.ratio > 0
+            else "explorer.over_rollout.return_partial_tasks",
+        )
+
+
+def _check_data_processor(c: Config) -> None:
+    """Every operator of the task and experience pipelines is a registered operator of the
+    right contract, with arguments it accepts (the operators are built here once, so a typo
+    fails at start, not after the first explore step)."""
+    from trinity.data.operator import ExperienceOperator, TaskOperator
+    from trinity.data.pipeline import build_operator
+
+    dp = c.data_processor
+    if dp is None:
+        return
+    pipelines = []
+    if dp.task_pipeline is not None:
+        pipelines.append(("task_pipeline", dp.task_pipeline.operators, TaskOperator))
+    if dp.experience_pipeline is not None:
+        pipelines.append(("experience_pipeline", dp.experience_pipeline.operators, ExperienceOperator))
+    for section, operators, contract in pipelines:
+        for i, op in enumerate(operators):
+            key = f"data_processor.{section}.operators[{i}]"
+            if op.name == "data_juicer":
+                raise ConfigError(
+                    "the data_juicer operator (Data-Juicer recipes) is not in this version; the built-in "
+                    "operators are listed in docs/data.md",
+                    key=f"{key}.name",
+                )
+            try:
+                built = build_operator(op, contract, key)
+            except LookupError as exc:
+                raise ConfigError(str(exc).split(" More ")[0], key=f"{key}.name") from None
+            except ValueError as exc:
+                raise ConfigError(str(exc).removeprefix(f"{key}: "), key=key) from None
+            built.close()

@@ -4,6 +4,8 @@ A plain class (the launcher wraps it in a Ray actor). One explore step:
 
 1. read ``buffer.batch_size`` tasks from the training tasksets;
 2. run them on the runner pool (``explorer.runner_per_model`` runners per engine);
+   with ``explorer.over_rollout`` the step goes on once ``ceil((1 - ratio) * batch_size)``
+   tasks finished (and the rest had ``wait_after_min`` more seconds); the others are dropped;
 3. stamp every Experience with its ``eid`` (batch = step, task = position in the batch,
    run = repeat index) and the model version, write them to the experience buffer;
 4. return metrics (``rollout/...``, ``timing/...``).
@@ -27,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trinity.explorer.runner import RunnerPool, TaskResult, failure_report, summarize_results
+from trinity.explorer.runner import DynamicTimeout, RunnerPool, TaskResult, failure_report, summarize_results
 
 if TYPE_CHECKING:
     from trinity.buffer.base import BufferWriter
@@ -169,6 +171,7 @@ class Explorer:
             for i, (aux, group) in enumerate(zip(aux_configs, aux_groups))
         ]
         self.auxiliary_models = [m for group in self.auxiliary_model_groups for m in group]
+        dynamic = ex.dynamic_timeout
         self.pool = RunnerPool(
             [self.models[i * per_engine : (i + 1) * per_engine] for i in range(len(self.engines))],
             auxiliary_models=self.auxiliary_model_groups,
@@ -176,7 +179,16 @@ class Explorer:
             max_timeout=ex.max_timeout,
             max_retry_times=ex.max_retry_times,
             env_vars=ex.env_vars,
+            dynamic_timeout=DynamicTimeout(
+                ex.max_timeout, dynamic.ratio, dynamic.warmup_min_steps * config.buffer.batch_size
+            )
+            if dynamic.enable
+            else None,
+            return_partial_tasks=ex.over_rollout.return_partial_tasks,
         )
+        # over_rollout: a step goes on once this many of its tasks finished (as Trinity-RFT).
+        over = ex.over_rollout
+        self.min_finished = math.ceil(config.buffer.batch_size * (1 - over.ratio)) if over.ratio > 0 else None
         self._writer = writer
         self._reader = taskset_reader
         self.explore_step_num = 0
@@ -188,11 +200,14 @@ class Explorer:
     def writer(self) -> BufferWriter:
         if self._writer is None:
             from trinity.buffer.factory import get_buffer_writer, run_name
+            from trinity.data.pipeline import with_experience_pipeline
 
             buffer = self.config.buffer
-            self._writer = get_buffer_writer(
+            writer = get_buffer_writer(
                 buffer.trainer_input.experience_buffer, cache_dir=buffer.cache_dir, run=run_name(self.config)
             )
+            # data_processor.experience_pipeline runs here, on each step's experiences.
+            self._writer = with_experience_pipeline(self.config, writer)
         return self._writer
 
     @property
@@ -227,8 +242,21 @@ class Explorer:
             return None
         read_done = time.monotonic()
         step = self.explore_step_num + 1
-        results = self.pool.run_tasks(tasks)
+        results = self.pool.run_tasks(
+            tasks,
+            min_finished=self.min_finished,
+            wait_after_min=self.config.explorer.over_rollout.wait_after_min,
+        )
         run_done = time.monotonic()
+        cut = [r for r in results if r.cancelled]
+        if cut:
+            logger.info(
+                "explore step %d: over_rollout ended %d of %d tasks early (%d kept partial runs)",
+                step,
+                len(cut),
+                len(results),
+                sum(r.partial for r in cut),
+            )
         experiences = self._stamp(results, step)
         if experiences:
             self.writer.write(experiences)
@@ -251,6 +279,8 @@ class Explorer:
             "timing/write_experiences": end - run_done,
             "timing/explore_step": end - start,
         }
+        if self.pool.dynamic_timeout is not None:
+            metrics["rollout/task_timeout"] = self.pool.dynamic_timeout.seconds
         metrics.update(self.taskset_reader.metrics())
         metrics.update(self.writer.metrics())  # written / duplicates skipped (redone steps)
         if report:
@@ -303,7 +333,7 @@ class Explorer:
             reader = TasksetReader(cfg, self.config.buffer)
             tasks: list[Task] = reader.take(len(reader))
             start = time.monotonic()
-            results = self.pool.run_tasks(tasks)
+            results = self.pool.run_tasks(tasks, observe=False)  # eval tasks never end early
             seconds = time.monotonic() - start
             prefix = f"eval/{reader.name}"
             experiences = self._stamp(results, f"eval_{self.explore_step_num}")
@@ -345,9 +375,12 @@ class Explorer:
         checkpoint_path: str | Path | None = None,
         version: int,
     ) -> None:
-        """Load new weights into every rollout engine (from a state dict or a HF checkpoint)."""
+        """Load new weights into every rollout engine (from a state dict or a checkpoint: its HF
+        weights, at the top or in a ``huggingface`` / ``actor`` subfolder)."""
         if (state_dict is None) == (checkpoint_path is None):
             raise ValueError("sync_weights needs exactly one of state_dict and checkpoint_path")
+        if checkpoint_path is not None:
+            checkpoint_path = Path(checkpoint_path) / _hf_subdir(Path(checkpoint_path))
         for engine in self.engines:
             if state_dict is not None:
                 engine.update_weights(state_dict, version)

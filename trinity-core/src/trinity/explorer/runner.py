@@ -18,6 +18,17 @@ sync ones in their own threads). For each task a runner:
 
 A hung synchronous workflow cannot be killed from Python: its thread is a daemon that is
 abandoned (it never blocks process exit), and its workflow instance is never reused.
+
+Long-tail control (``explorer.over_rollout``, ``explorer.dynamic_timeout``), as in Trinity-RFT:
+
+- :meth:`RunnerPool.run_tasks` with ``min_finished`` returns once that many tasks finished and
+  the rest had ``wait_after_min`` more seconds: tasks still running are cancelled and tasks not
+  started are not run. They are *dropped*, not carried into the next step (as upstream's
+  scheduler clears a step's unfinished tasks), and counted (``rollout/over_rollout/...``).
+  With ``return_partial_tasks`` a dropped task keeps the runs it completed, and a task whose
+  attempt failed after some runs completed keeps those instead of being retried.
+- With a :class:`DynamicTimeout`, a task's timeout is ``min(max_timeout, ratio x mean seconds
+  of the tasks that succeeded so far)`` once enough of them were seen (eval tasks do not count).
 """
 
 from __future__ import annotations
@@ -64,6 +75,10 @@ class TaskResult:
     seconds: float = 0.0
     # Items of the workflow's output that were dropped, by reason ("not an Experience", ...).
     dropped: Counter[str] = field(default_factory=Counter)
+    # Ended early by over_rollout (cancelled or never started); ``partial``: some of its runs
+    # were kept (return_partial_tasks).
+    cancelled: bool = False
+    partial: bool = False
 
     @property
     def ok(self) -> bool:
@@ -72,7 +87,7 @@ class TaskResult:
     @property
     def empty(self) -> bool:
         """The task ran, but left no experience (it returned none, or all were dropped)."""
-        return self.ok and not self.experiences
+        return self.ok and not self.experiences and not self.cancelled
 
     @property
     def first_error_line(self) -> str:
@@ -160,14 +175,18 @@ class WorkflowRunner:
         max_timeout: float = 1800,
         max_retry_times: int = 2,
         runner_id: int = 0,
+        return_partial_tasks: bool = False,
     ) -> None:
         self.model = model
         self.auxiliary_models = list(auxiliary_models or [])
         self.max_timeout = max_timeout
         self.max_retry_times = max_retry_times
         self.runner_id = runner_id
+        self.return_partial_tasks = return_partial_tasks
         self._workflow: Workflow | None = None
         self._warned_history = False
+        # Items of the runs of the current attempt that completed (kept for partial tasks).
+        self.completed_runs: list[Any] = []
 
     def _workflow_for(self, task: Task) -> Workflow:
         cached = self._workflow
@@ -195,15 +214,16 @@ class WorkflowRunner:
                 for run, exp in enumerate(items):  # one experience per rollout: number them
                     exp.eid.run = run
             return items
-        items = []
+        items = self.completed_runs = []
         for run in range(repeat):
             if run > 0:
                 workflow = self._workflow_for(task)
             workflow.set_repeat_times(1, run)
-            for item in await self._call(workflow):
+            output = await self._call(workflow)
+            for item in output:
                 if isinstance(item, Experience):
                     item.eid.run = run
-                items.append(item)
+            items.extend(output)  # a whole run at a time: a partial task holds complete runs
         return items
 
     def _drop_history(self) -> int:
@@ -217,11 +237,15 @@ class WorkflowRunner:
         except Exception:  # a model double without history: nothing to drop
             return 0
 
-    async def run_task(self, task: Task) -> TaskResult:
-        """Run ``task`` with timeout and retries; never raises for a workflow's fault."""
+    async def run_task(self, task: Task, timeout: float | None = None, timeout_key: str = "") -> TaskResult:
+        """Run ``task`` with timeout (``timeout``, default ``max_timeout``; ``timeout_key`` names
+        the setting that chose it) and retries; never raises for a workflow's fault."""
+        timeout = self.max_timeout if timeout is None else timeout
+        timeout_key = timeout_key or "explorer.max_timeout"
         result = TaskResult(task)
         start = time.monotonic()
         items: list[Any] = []
+        self.completed_runs = []
         for attempt in range(1, self.max_retry_times + 2):
             result.attempts = attempt
             seed_calls = getattr(self.model, "seed_calls", None)
@@ -229,16 +253,31 @@ class WorkflowRunner:
                 seed_calls(f"{task_id(task)}/v{self.model.model_version}/attempt{attempt}")
             self._drop_history()  # a failed attempt's calls are not this attempt's
             try:
-                items = await asyncio.wait_for(self._attempt(task), self.max_timeout)
+                items = await asyncio.wait_for(self._attempt(task), timeout)
                 result.error = None
                 break
             except asyncio.TimeoutError:
                 result.timed_out = True
-                result.error = f"timed out after {self.max_timeout} s (explorer.max_timeout)"
+                result.error = f"timed out after {timeout:.4g} s ({timeout_key})"
+            except asyncio.CancelledError:
+                self._workflow = None  # cancelled mid-run (over_rollout): never reuse it
+                raise
             except Exception as exc:
                 result.error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             # The instance may be half-way through a run (or still running, in a thread).
             self._workflow = None
+            if self.return_partial_tasks and self.completed_runs:
+                # As upstream: keep the runs that completed rather than re-running them.
+                logger.warning(
+                    "task %s: attempt %d failed after %d completed run(s); keeping them "
+                    "(explorer.over_rollout.return_partial_tasks):\n%s",
+                    task_id(task),
+                    attempt,
+                    len({getattr(getattr(i, "eid", None), "run", None) for i in self.completed_runs}),
+                    result.error,
+                )
+                items, result.error, result.partial = list(self.completed_runs), None, True
+                break
             last = attempt > self.max_retry_times
             logger.log(
                 logging.ERROR if last else logging.WARNING,
@@ -274,6 +313,32 @@ class WorkflowRunner:
         return result
 
 
+@dataclass
+class DynamicTimeout:
+    """``explorer.dynamic_timeout``: a task's timeout follows the mean duration of the tasks
+    that succeeded so far: ``min(max_timeout, ratio x mean)`` once ``warmup_tasks`` of them
+    were seen (Trinity-RFT waits for one batch of tasks; ``warmup_min_steps`` batches here).
+    Failed tasks do not count: a timed-out one would only raise the mean to the timeout."""
+
+    max_timeout: float
+    ratio: float = 3.0
+    warmup_tasks: int = 1
+    total_seconds: float = 0.0
+    observed: int = 0
+
+    def observe(self, result: TaskResult) -> None:
+        if result.ok and not result.partial and not result.cancelled:
+            self.total_seconds += result.seconds
+            self.observed += 1
+
+    @property
+    def seconds(self) -> float:
+        """The timeout for the next task."""
+        if self.observed < max(1, self.warmup_tasks):
+            return self.max_timeout
+        return min(self.max_timeout, self.ratio * self.total_seconds / self.observed)
+
+
 class RunnerPool:
     """``runner_per_model`` runners for each model, fed from one queue of tasks.
 
@@ -283,7 +348,9 @@ class RunnerPool:
     list of which runner ``k`` (counted over all engines) gets item ``k % len``. Every workflow
     thus sees one auxiliary model per configured item, in config order, as in Trinity-RFT.
     ``env_vars`` are set in this process's environment when the pool is created (the explorer
-    process hosts the workflows).
+    process hosts the workflows). ``dynamic_timeout`` makes task timeouts adapt (see
+    :class:`DynamicTimeout`); ``return_partial_tasks`` keeps the completed runs of tasks that
+    end early.
     """
 
     def __init__(
@@ -295,12 +362,16 @@ class RunnerPool:
         max_timeout: float = 1800,
         max_retry_times: int = 2,
         env_vars: Mapping[str, str] | None = None,
+        dynamic_timeout: DynamicTimeout | None = None,
+        return_partial_tasks: bool = False,
     ) -> None:
         if not models:
             raise ValueError("RunnerPool needs at least one rollout model")
         os.environ.update({str(k): str(v) for k, v in (env_vars or {}).items()})
         engines = [_as_list(m, "rollout model") for m in models]
         groups = [_as_list(g, "auxiliary model") for g in (auxiliary_models or [])]
+        self.dynamic_timeout = dynamic_timeout
+        self.return_partial_tasks = return_partial_tasks
         self.runners = []
         for i, copies in enumerate(engines):
             for j in range(runner_per_model):
@@ -312,27 +383,89 @@ class RunnerPool:
                         max_timeout=max_timeout,
                         max_retry_times=max_retry_times,
                         runner_id=k,
+                        return_partial_tasks=return_partial_tasks,
                     )
                 )
 
-    async def run_tasks_async(self, tasks: list[Task]) -> list[TaskResult]:
-        """Run every task; results are in the order of ``tasks``."""
+    async def run_tasks_async(
+        self,
+        tasks: list[Task],
+        *,
+        min_finished: int | None = None,
+        wait_after_min: float = 0.0,
+        observe: bool = True,
+    ) -> list[TaskResult]:
+        """Run the tasks; results are in the order of ``tasks``.
+
+        With ``min_finished`` (over_rollout), return once that many finished and the others had
+        ``wait_after_min`` more seconds; those still unfinished come back ``cancelled``.
+        ``observe``: the durations count for the dynamic timeout (training tasks, not eval).
+        """
         queue: asyncio.Queue = asyncio.Queue()
         for i, task in enumerate(tasks):
             queue.put_nowait((i, task))
         results: list[TaskResult | None] = [None] * len(tasks)
+        running: dict[int, WorkflowRunner] = {}
+        enough = asyncio.Event()
+        dynamic = self.dynamic_timeout if observe else None
 
         async def work(runner: WorkflowRunner) -> None:
             while not queue.empty():
                 i, task = queue.get_nowait()
-                results[i] = await runner.run_task(task)
+                running[i] = runner
+                if dynamic is not None:
+                    result = await runner.run_task(
+                        task, dynamic.seconds, "explorer.dynamic_timeout, at most explorer.max_timeout"
+                    )
+                    dynamic.observe(result)
+                else:
+                    result = await runner.run_task(task)
+                results[i] = result
+                del running[i]
+                if min_finished is not None and sum(r is not None for r in results) >= min_finished:
+                    enough.set()
 
-        await asyncio.gather(*(work(r) for r in self.runners[: max(1, len(tasks))]))
-        return [r for r in results if r is not None]
+        workers = [asyncio.ensure_future(work(r)) for r in self.runners[: max(1, len(tasks))]]
+        if min_finished is None or min_finished >= len(tasks):
+            await asyncio.gather(*workers)
+            return [r for r in results if r is not None]
+        all_done = asyncio.ensure_future(asyncio.gather(*workers))
+        reached = asyncio.ensure_future(enough.wait())
+        await asyncio.wait([all_done, reached], return_when=asyncio.FIRST_COMPLETED)
+        reached.cancel()
+        if not all_done.done():
+            await asyncio.wait([all_done], timeout=wait_after_min)
+        if not all_done.done():
+            all_done.cancel()
+            await asyncio.gather(all_done, return_exceptions=True)
+        return [
+            r if r is not None else self._cut_short(task, running.get(i))
+            for i, (task, r) in enumerate(zip(tasks, results))
+        ]
 
-    def run_tasks(self, tasks: list[Task]) -> list[TaskResult]:
+    def _cut_short(self, task: Task, runner: WorkflowRunner | None) -> TaskResult:
+        """The result of a task over_rollout ended: dropped, or (``return_partial_tasks``) the
+        runs it completed."""
+        result = TaskResult(task, cancelled=True)
+        if runner is not None and self.return_partial_tasks and runner.completed_runs:
+            result.experiences = _keep_valid(task, list(runner.completed_runs), result.dropped)
+            result.partial = bool(result.experiences)
+        return result
+
+    def run_tasks(
+        self,
+        tasks: list[Task],
+        *,
+        min_finished: int | None = None,
+        wait_after_min: float = 0.0,
+        observe: bool = True,
+    ) -> list[TaskResult]:
         """Blocking :meth:`run_tasks_async` (not from inside a running event loop)."""
-        return asyncio.run(self.run_tasks_async(tasks))
+        return asyncio.run(
+            self.run_tasks_async(
+                tasks, min_finished=min_finished, wait_after_min=wait_after_min, observe=observe
+            )
+        )
 
 
 def _as_list(entry: Any, what: str) -> list[Any]:
@@ -344,14 +477,24 @@ def _as_list(entry: Any, what: str) -> list[Any]:
 
 def summarize_results(results: list[TaskResult], prefix: str = "rollout") -> dict[str, float]:
     """Failure counters of a step: ``<prefix>/failed_tasks``, ``timeout_tasks``,
-    ``retried_tasks``, ``empty_tasks`` (ran, no experience left) and ``dropped_experiences``."""
-    return {
+    ``retried_tasks``, ``empty_tasks`` (ran, no experience left), ``dropped_experiences``; when
+    over_rollout ended tasks early, also ``finished_task_count``, ``over_rollout/dropped_tasks``
+    (nothing kept) and ``over_rollout/partial_tasks`` (their completed runs kept, also counting
+    tasks kept partial after a failed attempt)."""
+    out = {
         f"{prefix}/failed_tasks": float(sum(not r.ok for r in results)),
         f"{prefix}/timeout_tasks": float(sum(r.timed_out and not r.ok for r in results)),
         f"{prefix}/retried_tasks": float(sum(r.attempts > 1 for r in results)),
         f"{prefix}/empty_tasks": float(sum(r.empty for r in results)),
         f"{prefix}/dropped_experiences": float(sum(sum(r.dropped.values()) for r in results)),
     }
+    if any(r.cancelled or r.partial for r in results):
+        out[f"{prefix}/finished_task_count"] = float(sum(not r.cancelled for r in results))
+        out[f"{prefix}/over_rollout/dropped_tasks"] = float(
+            sum(r.cancelled and not r.partial for r in results)
+        )
+        out[f"{prefix}/over_rollout/partial_tasks"] = float(sum(r.partial for r in results))
+    return out
 
 
 def failure_report(results: list[TaskResult]) -> str | None:

@@ -2,19 +2,40 @@
 
 Steps count *finished* steps: the explorer has produced ``explorer_step`` batches, the trainer
 has trained on ``trainer_step`` of them; weights after trainer step ``t`` are version ``t``
-(version 0 = the initial model). The explorer asks :meth:`Synchronizer.explorer_decision`
-before each step it starts (the launcher's step loop asks, and moves the weights through the
-stage's :class:`~trinity.sync.transport.WeightTransport`).
+(version 0 = the initial model). Trainer step ``t`` trains on the experiences of explorer step
+``t`` in every style: that data dependency is the only thing the trainer waits for, besides
+the ``trainer_driven`` hold below. The launcher's step loop asks :meth:`Synchronizer.explorer_decision`
+whenever the explorer is between steps, and :meth:`Synchronizer.trainer_holds` whenever the
+trainer is; it moves the weights through the stage's weight transport only while *both* actors
+are between steps (an actor runs one call at a time, so a sync in the middle of a step would
+queue behind it). The explorer's lead is ``explorer_step + 1 - trainer_step`` for the step it
+would start; ``max_lead = sync_offset + sync_interval`` bounds it in every style.
+
+Who waits for what:
 
 ``fixed`` (Trinity-RFT's default): after explorer step ``e`` with ``e > sync_offset`` and
-``(e - sync_offset) % sync_interval == 0``, the explorer needs version ``e - sync_offset``:
-it waits for the trainer to reach that step, then syncs. ``sync_offset`` therefore lets the
-explorer run that many steps ahead (asynchronous RL); ``sync_interval 1, sync_offset 0`` is
-strictly on-policy (explore 1, train 1, sync, explore 2, ...).
+``(e - sync_offset) % sync_interval == 0`` the explorer needs version ``e - sync_offset``: it
+waits for the trainer to reach that step (and to finish the step it is on), then syncs.
+``sync_offset`` lets the explorer run that many steps ahead (asynchronous RL);
+``sync_interval 1, sync_offset 0`` is strictly on-policy (explore 1, train 1, sync, explore 2).
 
-``dynamic`` (also the ``trainer_driven`` / ``explorer_driven`` / ``fully_async`` styles): the
-explorer loads whatever newer version the trainer has published, never waiting for one, except
-that it may not get more than ``sync_offset + sync_interval`` steps ahead of the trainer.
+``explorer_driven`` (alias ``dynamic_by_explorer``): the explorer decides. At the same sync
+points as ``fixed`` it loads whatever version the trainer holds at that moment, waiting only
+for the train step in flight to end (never for a version); outside sync points it runs on.
+
+``trainer_driven`` (alias ``dynamic_by_trainer``): the trainer decides. After every
+``trainer_sync_interval`` of its steps it publishes its weights and does not start its next
+step until the explorer loaded them, which the explorer does at its next step boundary,
+whatever step that is. The explorer never waits for a version.
+
+``fully_async``: nobody holds for a sync. The trainer publishes every ``trainer_sync_interval``
+steps; the explorer loads the newest published version whenever it is between steps and the
+trainer happens to be too (when the trainer waits for data, or the explorer for the lead).
+
+``dynamic`` (accepted from older configs) means ``fully_async``.
+
+Explore-only jobs (``mode: explore``, the trainer in another process) see the trainer's
+progress only as the newest checkpoint in the job dir: :meth:`Synchronizer.checkpoint_decision`.
 """
 
 from __future__ import annotations
@@ -26,13 +47,20 @@ if TYPE_CHECKING:
     from trinity.config import SynchronizerConfig
 
 Action = Literal["run", "wait", "sync"]
-_STYLES = ("fixed", "dynamic", "trainer_driven", "explorer_driven", "fully_async")
+_STYLES = ("fixed", "explorer_driven", "trainer_driven", "fully_async")
+# Older names, and what they mean here.
+ALIASES = {
+    "dynamic": "fully_async",
+    "dynamic_by_explorer": "explorer_driven",
+    "dynamic_by_trainer": "trainer_driven",
+}
 
 
 @dataclass(frozen=True)
 class SyncDecision:
-    """What the explorer does next: ``run`` its next step, ``wait`` for the trainer to reach
-    step ``version``, or ``sync`` (load version ``version``, then run)."""
+    """What the explorer does next: ``run`` its next step, ``wait`` for the trainer (to reach
+    step ``version``), or ``sync`` (load the trainer's weights, at least version ``version``;
+    then ask again)."""
 
     action: Action
     version: int
@@ -40,59 +68,124 @@ class SyncDecision:
 
 
 class Synchronizer:
-    """The ``synchronizer`` section's policy (``sync_interval``, ``sync_offset``, ``sync_style``)."""
+    """The ``synchronizer`` section's policy (``sync_interval``, ``sync_offset``, ``sync_style``).
 
-    def __init__(self, sync_interval: int = 1, sync_offset: int = 0, sync_style: str = "fixed") -> None:
+    ``trainer_sync_interval`` (default ``sync_interval``) is how often the trainer publishes in
+    the ``trainer_driven`` and ``fully_async`` styles, and how often a train-only job saves the
+    checkpoints a separate explorer job loads.
+    """
+
+    def __init__(
+        self,
+        sync_interval: int = 1,
+        sync_offset: int = 0,
+        sync_style: str = "fixed",
+        trainer_sync_interval: int | None = None,
+    ) -> None:
         if sync_interval < 1:
             raise ValueError(f"synchronizer.sync_interval must be >= 1, got {sync_interval}")
         if sync_offset < 0:
             raise ValueError(f"synchronizer.sync_offset must be >= 0, got {sync_offset}")
-        if sync_style not in _STYLES:
-            raise ValueError(f"synchronizer.sync_style {sync_style!r} is not one of: {', '.join(_STYLES)}")
+        style = ALIASES.get(sync_style, sync_style)
+        if style not in _STYLES:
+            names = ", ".join((*_STYLES, *ALIASES))
+            raise ValueError(f"synchronizer.sync_style {sync_style!r} is not one of: {names}")
         self.sync_interval = sync_interval
         self.sync_offset = sync_offset
-        self.sync_style = "fixed" if sync_style == "fixed" else "dynamic"
+        self.sync_style = style
+        self.trainer_sync_interval = trainer_sync_interval or sync_interval
 
     @classmethod
     def from_config(cls, config: SynchronizerConfig) -> Synchronizer:
-        """Built from ``config.synchronizer`` (``explorer_sync_interval`` wins when set)."""
+        """Built from ``config.synchronizer`` (``explorer_sync_interval`` /
+        ``trainer_sync_interval`` win over ``sync_interval`` for their side when set)."""
         return cls(
-            config.explorer_sync_interval or config.sync_interval, config.sync_offset, config.sync_style
+            config.explorer_sync_interval or config.sync_interval,
+            config.sync_offset,
+            config.sync_style,
+            config.trainer_sync_interval or config.sync_interval,
         )
 
     @property
     def max_lead(self) -> int:
-        """Most steps the explorer may be ahead of the trainer."""
+        """Most steps the explorer may be ahead of the trainer (counting the one it starts)."""
         return self.sync_offset + self.sync_interval
 
     def is_sync_step(self, explorer_step: int) -> bool:
-        """Fixed style: does the explorer sync after finishing ``explorer_step``?"""
+        """Is finishing ``explorer_step`` one of the explorer's sync points (``fixed`` and
+        ``explorer_driven``)?"""
         e = explorer_step - self.sync_offset
         return e > 0 and e % self.sync_interval == 0
 
     def published_version(self, trainer_step: int) -> int:
-        """The newest version the trainer has published after ``trainer_step`` steps."""
-        return trainer_step - trainer_step % self.sync_interval
+        """The newest version the trainer has published after ``trainer_step`` steps
+        (``trainer_driven``, ``fully_async``; and a train-only job's checkpoints)."""
+        return trainer_step - trainer_step % self.trainer_sync_interval
 
-    def explorer_decision(self, explorer_step: int, trainer_step: int, explorer_version: int) -> SyncDecision:
+    def is_publish_step(self, trainer_step: int) -> bool:
+        """Does the trainer publish its weights after ``trainer_step``?"""
+        return trainer_step > 0 and trainer_step % self.trainer_sync_interval == 0
+
+    def explorer_decision(
+        self, explorer_step: int, trainer_step: int, explorer_version: int, trainer_busy: bool = False
+    ) -> SyncDecision:
         """What the explorer does after ``explorer_step`` finished steps, the trainer having
-        finished ``trainer_step`` and the explorer holding weights ``explorer_version``."""
-        if self.sync_style == "fixed":
-            if not self.is_sync_step(explorer_step):
-                return SyncDecision("run", explorer_version, "not a sync step")
-            target = explorer_step - self.sync_offset
-            if explorer_version >= target:
-                return SyncDecision("run", explorer_version, "already holds the needed version")
-            if trainer_step >= target:
-                return SyncDecision("sync", target, f"sync step: load version {target}")
-            return SyncDecision("wait", target, f"sync step: trainer has {trainer_step} of {target} steps")
-        available = self.published_version(trainer_step)
-        if available > explorer_version:
-            return SyncDecision("sync", available, f"trainer published version {available}")
-        if explorer_step + 1 - trainer_step > self.max_lead:
-            need = explorer_step + 1 - self.max_lead
+        finished ``trainer_step`` (and running one more when ``trainer_busy``) and the explorer
+        holding weights ``explorer_version``. ``sync`` is only answered while the trainer is
+        not busy."""
+        e, t, v = explorer_step, trainer_step, explorer_version
+        style = self.sync_style
+        if style == "fixed" and self.is_sync_step(e):
+            target = e - self.sync_offset
+            if v < target:
+                if t < target:
+                    return SyncDecision("wait", target, f"sync step: trainer has {t} of {target} steps")
+                if trainer_busy:
+                    return SyncDecision("wait", t + 1, f"sync step: trainer is finishing step {t + 1}")
+                return SyncDecision("sync", target, f"sync step: load version {target} or newer")
+        if style == "explorer_driven" and self.is_sync_step(e):
+            if trainer_busy and v <= t:
+                return SyncDecision("wait", t + 1, f"sync point: trainer is finishing step {t + 1}")
+            if t > v:
+                return SyncDecision("sync", t, f"sync point: load the trainer's version {t}")
+        if style in ("trainer_driven", "fully_async"):
+            available = self.published_version(t)
+            if available > v and not trainer_busy:
+                return SyncDecision("sync", available, f"trainer published version {available}")
+        if e + 1 - t > self.max_lead:
+            need = e + 1 - self.max_lead
             return SyncDecision("wait", need, f"explorer would be more than {self.max_lead} steps ahead")
-        return SyncDecision("run", explorer_version, "within the allowed lead")
+        return SyncDecision("run", v, "within the allowed lead")
+
+    def trainer_holds(self, trainer_step: int, explorer_version: int) -> bool:
+        """``trainer_driven``: after a publish step the trainer starts no new step until the
+        explorer loaded that version."""
+        return (
+            self.sync_style == "trainer_driven"
+            and self.is_publish_step(trainer_step)
+            and explorer_version < trainer_step
+        )
+
+    def checkpoint_decision(
+        self, explorer_step: int, latest_checkpoint: int, explorer_version: int
+    ) -> SyncDecision:
+        """Explore-only jobs: the trainer runs elsewhere and its progress is the newest
+        checkpoint step on disk. ``fixed`` waits at sync steps for the needed checkpoint (the
+        launcher bounds the wait by ``sync_timeout``); ``explorer_driven`` loads the newest one
+        at its sync points; ``trainer_driven`` and ``fully_async`` whenever a newer one exists.
+        Nothing bounds the lead: the other job's steps are not visible between checkpoints."""
+        e, c, v = explorer_step, latest_checkpoint, explorer_version
+        if self.sync_style in ("fixed", "explorer_driven"):
+            if not self.is_sync_step(e):
+                return SyncDecision("run", v, "not a sync step")
+            target = e - self.sync_offset
+            if self.sync_style == "fixed" and v < target and c < target:
+                return SyncDecision(
+                    "wait", target, f"sync step: newest checkpoint is step {c}, need {target}"
+                )
+        if c > v:
+            return SyncDecision("sync", c, f"load checkpoint of step {c}")
+        return SyncDecision("run", v, "no newer checkpoint")
 
 
-__all__ = ["SyncDecision", "Synchronizer"]
+__all__ = ["ALIASES", "SyncDecision", "Synchronizer"]

@@ -1,4 +1,4 @@
-"""``service`` and ``data_processor``: accepted and validated for Trinity-RFT compatibility."""
+"""``service`` and ``data_processor`` (the task and experience pipelines, :mod:`trinity.data`)."""
 
 from __future__ import annotations
 
@@ -34,15 +34,23 @@ class OperatorConfig(Section):
 
 
 class TaskPipelineConfig(Section):
-    """Task preprocessing before exploring (Data-Juicer operators)."""
+    """Task preprocessing before exploring: raw task files through task operators into the
+    explorer's taskset (see docs/data.md)."""
 
     operators: list[OperatorConfig] = F([], "Operators, applied in order.")
-    num_process: int = F(4, "Worker processes.", ge=1)
-    config_path: str | None = F(None, "Data-Juicer config file; overrides `operators` and `num_process`.")
-    inputs: list[str] = F([], "Raw input files.")
-    output: TasksetConfig | None = F(None, "Output taskset; defaults to the explorer's taskset.")
+    num_process: int = F(4, "Worker processes the operators' batches are spread over.", ge=1)
+    config_path: str | None = F(
+        None,
+        "Data-Juicer config file; overrides `operators` and `num_process`. Has no effect in this version.",
+    )
+    inputs: list[str] = F([], "Raw input files (jsonl, json, parquet, csv or dataset folders).")
+    output: TasksetConfig | None = F(
+        None, "Output taskset; defaults to the explorer's first training taskset, which reads the output."
+    )
     target_fields: list[str] = F([], "Fields processed into the output taskset.")
-    priority_weights: dict[str, float] = F({}, "Weights of difficulty / diversity / usage / quality.")
+    priority_weights: dict[str, float] = F(
+        {}, "Weights of difficulty / diversity / usage / quality. Has no effect in this version."
+    )
     top_k: int = F(-1, "Tasks kept after processing; -1 keeps all.", ge=-1)
 
     @field_validator("top_k")
@@ -54,21 +62,23 @@ class TaskPipelineConfig(Section):
 
 
 class ExperiencePipelineConfig(Section):
-    """Experience processing between explorer and trainer."""
+    """Experience processing between explorer and buffer, per explore step (see docs/data.md)."""
 
     operators: list[OperatorConfig] = F([], "Operators, applied in order.")
     save_input: bool = F(True, "Save the unprocessed experiences too.")
     input_save_path: str | None = F(None, "Where unprocessed experiences are saved (jsonl or SQLite).")
-    inputs: dict[str, ExperienceBufferConfig] = F({}, "Extra input buffers by name.")
+    inputs: dict[str, ExperienceBufferConfig] = F(
+        {}, "Extra input buffers by name. Has no effect in this version."
+    )
     output: ExperienceBufferConfig | None = F(
-        None, "Output buffer; defaults to the trainer's experience buffer."
+        None, "Output buffer; the trainer's experience buffer. Has no effect in this version."
     )
 
 
 class DataProcessorConfig(Section):
-    """Task and experience pipelines (Trinity-RFT compatibility; not run by the core)."""
+    """Task and experience pipelines of operators (component kind ``operator``)."""
 
-    task_pipeline: TaskPipelineConfig | None = F(None, "Task pipeline. Has no effect in this version.")
+    task_pipeline: TaskPipelineConfig | None = F(None, "Task pipeline, run before exploring.")
     experience_pipeline: ExperiencePipelineConfig | None = F(
-        default_factory=ExperiencePipelineConfig, doc="Experience pipeline. Has no effect in this version."
+        default_factory=ExperiencePipelineConfig, doc="Experience pipeline, run on each explore step."
     )

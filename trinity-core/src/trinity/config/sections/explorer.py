@@ -170,19 +170,42 @@ class InferenceModelConfig(Section):
 
 
 class OverRolloutConfig(Section):
-    """Finish an explore step before every task is done (experimental)."""
+    """End an explore step before every task is done (long-tail control), as Trinity-RFT.
 
-    ratio: float = F(0.0, "Fraction of a batch's tasks the explorer may leave unfinished.", ge=0, lt=1)
-    wait_after_min: float = F(30.0, "Seconds to wait once the minimum number of tasks finished.", ge=0)
-    return_partial_tasks: bool = F(False, "Keep tasks where only some runs succeeded.")
+    Needs a dynamic ``synchronizer.sync_style`` (not ``fixed``). Tasks still unfinished when the
+    step ends are dropped (cancelled, not carried into the next step) and counted as
+    ``rollout/over_rollout/dropped_tasks`` / ``partial_tasks``.
+    """
+
+    ratio: float = F(
+        0.0,
+        "Fraction of a batch's tasks the explorer may leave unfinished: a step goes on once "
+        "ceil((1 - ratio) * batch_size) tasks finished; 0 waits for all.",
+        ge=0,
+        lt=1,
+    )
+    wait_after_min: float = F(
+        30.0, "Seconds to wait for the remaining tasks once that many finished, before dropping them.", ge=0
+    )
+    return_partial_tasks: bool = F(
+        False,
+        "Keep the completed runs of a task that is dropped, or whose attempt failed after some runs "
+        "completed (instead of retrying it).",
+    )
 
 
 class DynamicTimeoutConfig(Section):
-    """Per-step task timeout derived from observed task durations (experimental)."""
+    """Per-task timeout derived from observed task durations, as Trinity-RFT."""
 
     enable: bool = F(False, "Turn dynamic timeouts on.")
-    warmup_min_steps: int = F(1, "Fully observed steps before the timeout adapts.", ge=0)
-    ratio: float = F(3.0, "Timeout = min(max_timeout, mean task time * ratio).", gt=0)
+    warmup_min_steps: int = F(
+        1, "Batches of succeeded tasks (warmup_min_steps * batch_size tasks) before the timeout adapts.", ge=0
+    )
+    ratio: float = F(
+        3.0,
+        "Timeout = min(max_timeout, ratio * mean seconds of the training tasks that succeeded so far).",
+        gt=0,
+    )
 
 
 class ExplorerConfig(Section):
@@ -224,13 +247,22 @@ class ExplorerConfig(Section):
     eval_on_startup: bool = F(True, "Evaluate the initial model at step 0.")
     bench_on_latest_checkpoint: bool = F(False, "In `bench` mode evaluate only the latest checkpoint.")
     proxy_port: int = F(
-        8010, "Port of the serve-mode proxy. Has no effect in this version.", ge=0, le=MAX_PORT
+        8010,
+        "`serve` mode: port of the OpenAI API with its feedback routes (0: any free port).",
+        ge=0,
+        le=MAX_PORT,
     )
     listen_address: str = F(
-        "0.0.0.0", "Address the serve-mode proxy listens on. Has no effect in this version."
+        "127.0.0.1",
+        "`serve` mode: address the API listens on. 127.0.0.1 (this machine only) unless set; "
+        "Trinity-RFT listens on 0.0.0.0 (every interface): set that to serve other machines "
+        "(the API's only protection is `rollout_model.api_key`).",
     )
     service_status_check_interval: int = F(
-        60, "Seconds between serve-mode health checks. Has no effect in this version.", ge=1
+        60,
+        "`serve` mode: seconds between looks for a newer checkpoint of the train job (loaded "
+        "without dropping requests) and closing of idle conversations.",
+        ge=1,
     )
     min_running_model_num: int = F(
         1, "Engines kept running in serve mode. Has no effect in this version.", ge=0

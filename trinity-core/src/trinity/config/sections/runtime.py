@@ -15,13 +15,21 @@ LOG_LEVELS: tuple[str, ...] = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class ClusterConfig(Section):
-    """The Ray cluster."""
+    """The Ray cluster the job runs on (see docs/cluster.md)."""
 
     ray_address: str = F(
-        "auto", "Ray address; `auto` joins the cluster in $RAY_ADDRESS, else starts a local one."
+        "auto",
+        "Ray cluster to join (`<head ip>:<port>` of a `ray start --head`); `auto` or `local`: the cluster "
+        "in $RAY_ADDRESS, else a local Ray of the job's own. A joined cluster keeps running after the job.",
     )
-    node_num: int = F(0, "Nodes used; 0 means what Ray reports.", ge=0)
-    gpu_per_node: int = F(0, "GPUs per node; 0 means what Ray reports (0 on a CPU machine).", ge=0)
+    node_num: int = F(
+        0, "Nodes the job uses; 0 means what Ray reports. More than the cluster has is an error.", ge=0
+    )
+    gpu_per_node: int = F(
+        0,
+        "GPUs per node; 0 means what Ray reports (0 on a CPU machine). More than the nodes have is an error.",
+        ge=0,
+    )
 
 
 class SynchronizerConfig(Section):
@@ -34,12 +42,24 @@ class SynchronizerConfig(Section):
         "else `checkpoint`.",
     )
     sync_style: SyncStyle = F(
-        "fixed", "`fixed` (every sync_interval steps) or `dynamic` (whenever the trainer has new weights)."
+        "fixed",
+        "Who waits for whom. `fixed`: after every sync_interval explorer steps the explorer waits "
+        "for the version it needs (its step minus sync_offset). `explorer_driven` "
+        "(`dynamic_by_explorer`): at those same points it loads whatever version the trainer has, "
+        "waiting at most for the train step in flight. `trainer_driven` (`dynamic_by_trainer`): "
+        "every trainer_sync_interval trainer steps the trainer publishes and holds until the "
+        "explorer loaded the weights at its next step boundary. `fully_async`: nobody holds; the "
+        "explorer loads published weights whenever both are between steps. `dynamic`: "
+        "`fully_async`. In every style the explorer stays at most sync_offset + sync_interval steps "
+        "ahead.",
     )
     sync_interval: int = F(1, "Steps between weight syncs.", ge=1)
     explorer_sync_interval: int | None = F(None, "Explorer-side interval; unset or 0: `sync_interval`.", ge=0)
     trainer_sync_interval: int | None = F(
-        None, "Trainer-side interval; unset or 0: `sync_interval`. Has no effect in this version.", ge=0
+        None,
+        "Trainer steps between publishing weights (`trainer_driven`, `fully_async`; and the "
+        "checkpoints a `train`-mode job saves for a separate explorer); unset or 0: `sync_interval`.",
+        ge=0,
     )
     sync_offset: int = F(0, "Steps the explorer may run ahead of the trainer.", ge=0)
     sync_timeout: int = F(

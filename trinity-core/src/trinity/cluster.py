@@ -1,0 +1,290 @@
+"""Joining the Ray cluster a job runs on, or starting a Ray of its own.
+
+:func:`connect` is the one place a job connects to Ray. ``cluster.ray_address`` names the
+cluster; ``auto`` (the default), ``local`` or an empty value defer to ``$RAY_ADDRESS``, and
+without it the job starts a local Ray with this machine's CPUs. A job that joins a cluster only
+disconnects from it when it ends (``ray.shutdown()`` stops only a Ray the process started), so
+the cluster stays up for the next job, and two jobs can share it.
+
+Token authentication: a head started by ``ray start --head`` on recent Ray (2.60 here) turns it
+on when a token exists (``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), but
+``ray.init(address=...)`` sends a token only when ``RAY_AUTH_MODE=token`` is set by hand. Before
+connecting, :func:`connect` asks the head's GCS directly (a head answers at once) whether it accepts
+this process; when the head wants a token and one is available it turns token mode on, so the
+token is only ever sent to a head that asks for it. Every failure to connect is one line
+(:class:`ClusterError`) instead of Ray's twenty seconds of retries and a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trinity.config import Config
+
+logger = logging.getLogger("trinity.cluster")
+
+#: Environment variables (besides ``TRINITY_*``) that travel to every actor of the job.
+TRAVELLING_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS")
+
+#: Values of ``cluster.ray_address`` that name no cluster (``$RAY_ADDRESS`` decides).
+UNNAMED = ("", "auto", "local")
+
+# Seconds to wait for a TCP connection to the head before calling it unreachable.
+_REACH_TIMEOUT_S = 5.0
+
+
+class ClusterError(RuntimeError):
+    """The job cannot use the Ray cluster; the message is one line saying why and what to do."""
+
+
+def resolve_address(ray_address: str, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """``(address, where it came from)``; the address is ``None`` when the job starts a local Ray.
+
+    ``cluster.ray_address`` wins when it names a cluster; ``auto``/``local``/empty defer to
+    ``$RAY_ADDRESS`` (whose ``auto`` is Ray's: the cluster last started on this machine).
+    """
+    address = (ray_address or "").strip()
+    if address not in UNNAMED:
+        return address, "cluster.ray_address"
+    env = environ.get("RAY_ADDRESS", "").strip()
+    if env and env != "local":
+        return env, "RAY_ADDRESS"
+    return None, ""
+
+
+def travelling_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The driver's environment variables that every actor of the job gets (``runtime_env``)."""
+    env = {k: v for k, v in environ.items() if k.startswith("TRINITY_") or k in TRAVELLING_ENV}
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def token_source(environ: Mapping[str, str], home: Path | None = None) -> str | None:
+    """Where Ray would read this process's auth token from, in Ray's order; ``None``: no token."""
+    if environ.get("RAY_AUTH_TOKEN", "").strip():
+        return "RAY_AUTH_TOKEN"
+    path = environ.get("RAY_AUTH_TOKEN_PATH", "").strip()
+    if path:
+        return f"RAY_AUTH_TOKEN_PATH ({path})" if Path(path).expanduser().is_file() else None
+    default = (home if home is not None else Path.home()) / ".ray" / "auth_token"
+    return str(default) if default.is_file() else None
+
+
+def failure_line(address: str, origin: str, reason: str, *, unreachable: bool = True) -> str:
+    """The one line that says the job cannot connect to the cluster at ``address``; for a head
+    that is not there (``unreachable``) it ends with how to start one or not ask for it."""
+    line = f"cannot connect to the Ray cluster at {address}: {reason}"
+    if unreachable:
+        line += f"; start it with `ray start --head` or unset {origin or 'cluster.ray_address'}"
+    return line
+
+
+def is_auth_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is the head refusing this process's token (or none)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if type(seen).__name__ == "AuthenticationError" or "InvalidAuthToken" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def auth_reason(environ: Mapping[str, str], home: Path | None = None) -> str:
+    """Why a head that requires token authentication refused this process, and what to do."""
+    fix = "set RAY_AUTH_TOKEN to the head's token (`ray get-auth-token` on the head)"
+    mode = environ.get("RAY_AUTH_MODE", "").strip().lower()
+    source = token_source(environ, home)
+    if mode and mode != "token":
+        return f"the head requires token authentication and RAY_AUTH_MODE is {mode!r}; unset it and {fix}"
+    if source is None:
+        return (
+            "the head requires token authentication and no token was found (RAY_AUTH_TOKEN, "
+            f"RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token); {fix}"
+        )
+    return f"the head refused the token from {source} (token authentication); {fix}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``host:port`` GCS address; ``None`` for ``auto``, ``ray://`` and the like."""
+    if "://" in address or ":" not in address:
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        return None
+
+
+def _check_reachable(address: str, origin: str) -> None:
+    host_port = _host_port(address)
+    if host_port is None:
+        return
+    try:
+        with socket.create_connection(host_port, timeout=_REACH_TIMEOUT_S):
+            pass
+    except socket.gaierror:
+        raise ClusterError(failure_line(address, origin, f"unknown host {host_port[0]!r}")) from None
+    except ConnectionRefusedError:
+        raise ClusterError(
+            failure_line(address, origin, "nothing listens there (connection refused)")
+        ) from None
+    except OSError as exc:  # timeout, no route to host, ...
+        raise ClusterError(failure_line(address, origin, f"no answer ({exc or 'timed out'})")) from None
+
+
+def _probe_gcs(address: str) -> BaseException | None:
+    """What the head's GCS at ``address`` answers this process: ``None`` when it accepts it,
+    else the error (an auth refusal at once; about 40 s for a port where no GCS answers)."""
+    try:
+        from ray._raylet import GcsClient
+    except ImportError:  # a Ray without this client: leave every check to ray.init
+        return None
+    try:
+        with _quiet_stderr():
+            GcsClient(address=address)
+    except Exception as exc:
+        return exc
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 for a moment: Ray's C++ client logs a refused probe as a
+    warning ("Authentication token is missing or incorrect") just before this module sends the
+    token and connects, which would read as a failure."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _enable_token_auth() -> None:
+    """``RAY_AUTH_MODE=token`` for this process (and what it starts), as ``ray start`` does."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:
+        from ray._raylet import Config as RayConfig
+
+        RayConfig.initialize("")  # Ray caches its config: re-read the environment
+    except (ImportError, AttributeError):
+        pass
+
+
+def _check_head(address: str, origin: str) -> None:
+    """Ask the head at ``address`` whether it accepts this process before ``ray.init`` (which
+    retries for minutes): turn token mode on when it wants a token and one is available, and
+    fail in one line when it still refuses or no Ray head answers."""
+    if _host_port(address) is None:
+        return
+    error = _probe_gcs(address)
+    if error is not None and is_auth_error(error):
+        source = token_source(os.environ)
+        if "RAY_AUTH_MODE" not in os.environ and source is not None:
+            _enable_token_auth()
+            error = _probe_gcs(address)
+            if error is None:
+                logger.info(
+                    "the Ray cluster at %s uses token authentication: sending the token from %s",
+                    address,
+                    source,
+                )
+                return
+        if error is not None and is_auth_error(error):
+            raise ClusterError(failure_line(address, origin, auth_reason(os.environ), unreachable=False))
+    if error is not None:
+        raise ClusterError(failure_line(address, origin, f"no Ray head answers there ({_first_line(error)})"))
+
+
+def check_resources(config: Config, nodes: list[dict[str, Any]], address: str) -> None:
+    """Fail (one line) when ``cluster.node_num`` / ``cluster.gpu_per_node`` ask for more than the
+    cluster's alive ``nodes`` (``ray.nodes()``) have: Ray would leave the actors pending for ever.
+    Warn when ``mode: colocate`` meets a cluster with more than one GPU (it uses one of them)."""
+    alive = [n for n in nodes if n.get("Alive", n.get("alive", False))]
+    gpus = [float(n.get("Resources", {}).get("GPU", 0)) for n in alive]
+    want_nodes, want_gpus = config.cluster.node_num, config.cluster.gpu_per_node
+    where = f"the Ray cluster at {address}" if address else "the local Ray"
+    if want_nodes and len(alive) < want_nodes:
+        raise ClusterError(
+            f"cluster.node_num is {want_nodes} but {where} has {len(alive)} alive node(s); start Ray on the "
+            "others (`ray start --address=<head>:<port>`) or lower cluster.node_num"
+        )
+    if want_gpus:
+        enough = sum(1 for g in gpus if g >= want_gpus)
+        if enough < max(want_nodes, 1):
+            per_node = ", ".join(f"{g:g}" for g in gpus) or "none"
+            raise ClusterError(
+                f"cluster.gpu_per_node is {want_gpus} but only {enough} node(s) of {where} have that many "
+                f"GPUs (GPUs per node: {per_node}); lower cluster.gpu_per_node or set it to 0 (what Ray reports)"
+            )
+    if config.mode == "colocate" and sum(gpus) > 1:
+        logger.warning(
+            "mode colocate shares one GPU between trainer and explorer; %s has %g, the others stay "
+            "free (mode both uses them all)",
+            where,
+            sum(gpus),
+        )
+
+
+def connect(config: Config) -> Any:
+    """Connect this process to Ray for ``config``'s job (see the module docstring); return ``ray``.
+
+    Raises :class:`ClusterError` (one line) when the named cluster cannot be used.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    runtime_env = {"env_vars": travelling_env(os.environ)}
+    address, origin = resolve_address(config.cluster.ray_address, os.environ)
+    if address is None:
+        # No cluster named: start our own. Probing for "any running cluster" can latch onto a
+        # stale or dying local one (its session file outlives it), so that is opt-in
+        # (RAY_ADDRESS=auto).
+        ray.init(
+            address="local",
+            num_cpus=max(os.cpu_count() or 1, 2),
+            namespace=config.ray_namespace,
+            runtime_env=runtime_env,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    else:
+        _check_reachable(address, origin)
+        _check_head(address, origin)
+        try:
+            ray.init(
+                address=address, namespace=config.ray_namespace, runtime_env=runtime_env, log_to_driver=False
+            )
+        except Exception as exc:  # ConnectionError, RuntimeError, AuthenticationError, ValueError, ...
+            if is_auth_error(exc):
+                line = failure_line(address, origin, auth_reason(os.environ), unreachable=False)
+            else:
+                line = failure_line(address, origin, _first_line(exc))
+            raise ClusterError(line) from None
+        logger.info("joined the Ray cluster at %s (namespace %s)", address, config.ray_namespace)
+    try:
+        check_resources(config, ray.nodes(), address or "")
+    except ClusterError:
+        ray.shutdown()  # disconnects; a cluster this job joined keeps running
+        raise
+    return ray
