@@ -46,6 +46,11 @@ usage chunk. Concatenated, the deltas are exactly the non-streaming message, and
 is recorded exactly as without streaming, once the sample is complete. A client that closes the
 stream early cancels the call (the engine stops sampling it) and nothing is recorded.
 
+Who keeps the Experiences is the app's ``recorder`` (:func:`build_app`): by default the
+wrapper's history (``ModelWrapper._record``); serve mode (:mod:`trinity.explorer.serve`) passes
+its own, which also learns the response id the client saw and the request's headers
+(:class:`CallContext`), and adds its feedback routes to the app.
+
 Bad requests are answered with OpenAI's error object, ``{"error": {"message", "type", "param",
 "code"}}``: 400 for invalid fields and unsupported options, 401 for a missing or wrong API key,
 404 / 405 for unknown routes, 500 (``server_error``) when the engine fails.
@@ -60,8 +65,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -108,6 +114,25 @@ except ImportError:  # pragma: no cover
 _CLIENT_ERRORS = (ValueError, TypeError, _TemplateError)
 
 
+@dataclass(frozen=True)
+class CallContext:
+    """What a recorder learns about one API call besides its Experiences.
+
+    ``response_id`` is the ``id`` of the completion the client received (all choices of the
+    call share it, as in OpenAI's answer); ``headers`` are the request's (lower-case names);
+    ``extra`` holds the body fields this server does not interpret (``user``, ``metadata``...).
+    """
+
+    response_id: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: ``recorder(experiences, context)``: keeps a call's Experiences once they are complete
+#: (annotated, in choice order). It runs on the server's event loop: it must not block long.
+Recorder = Callable[["list[Experience]", CallContext], None]
+
+
 # -- the server ------------------------------------------------------------------------------
 
 
@@ -116,11 +141,15 @@ class OpenAIServer:
 
     The port is bound when the server is made (an ``OSError`` when it is taken), so the URL is
     known before :meth:`start`. :meth:`start` returns once the server accepts requests.
+    ``app``: an app made by :func:`build_app` (with a recorder or routes of its own) instead of
+    the plain one.
     """
 
-    def __init__(self, model: ModelWrapper, port: int = 0, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, model: ModelWrapper, port: int = 0, host: str = "127.0.0.1", *, app: FastAPI | None = None
+    ) -> None:
         self.model = model
-        self.app = build_app(model)
+        self.app = app if app is not None else build_app(model)
         # proto IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets that
         # say they are TCP, and with Nagle on every response waits ~40 ms for a delayed ACK.
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -192,8 +221,27 @@ def _error_response(status: int, body: dict[str, Any]) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def build_app(model: ModelWrapper) -> FastAPI:
-    """The FastAPI app serving ``model``."""
+def build_app(
+    model: ModelWrapper,
+    recorder: Recorder | None = None,
+    admit: Callable[[Mapping[str, str], Mapping[str, Any]], None] | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``model``; ``recorder`` keeps each call's Experiences (default:
+    the wrapper's history); ``admit(headers, extra)`` runs before a call samples anything and
+    may refuse it by raising :class:`APIError`. Routes added to the app later are named in its
+    404 answers."""
+
+    def record_for(request: Request, body: Any) -> Callable[[list[Experience], str], None]:
+        """Admit the call (or raise), and how to record it once it is answered."""
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        extra = dict(body.model_extra or {})
+        if admit is not None:
+            admit(headers, extra)
+        if recorder is None:
+            return lambda experiences, response_id: model._record(experiences)
+        return lambda experiences, response_id: recorder(
+            experiences, CallContext(response_id, headers, extra)
+        )
 
     async def authorize(request: Request) -> None:
         key = model.api_key
@@ -226,7 +274,7 @@ def build_app(model: ModelWrapper) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code in (404, 405):
-            message = f"no route {request.method} {request.url.path}; this server offers {ROUTES}"
+            message = f"no route {request.method} {request.url.path}; this server offers {_routes(app)}"
             kind = "not_found" if exc.status_code == 404 else "method_not_allowed"
             return _error_response(exc.status_code, error_body(message, code=kind))
         return _error_response(exc.status_code, error_body(str(exc.detail)))
@@ -267,14 +315,27 @@ def build_app(model: ModelWrapper) -> FastAPI:
         return JSONResponse(model_card())
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> Response:
-        return await _chat(model, body)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _chat(model, body, record_for(request, body))
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> Response:
-        return await _complete(model, body)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _complete(model, body, record_for(request, body))
 
     return app
+
+
+def _routes(app: FastAPI) -> str:
+    """``POST /v1/chat/completions, ...``: the app's API routes (those under ``/v1``)."""
+    from fastapi.routing import APIRoute
+
+    found = [
+        f"{method} {route.path}"
+        for route in app.routes
+        if isinstance(route, APIRoute) and route.path.startswith("/v1/") and "{" not in route.path
+        for method in sorted(route.methods)
+    ]
+    return ", ".join(found) or ROUTES
 
 
 # -- /v1/chat/completions --------------------------------------------------------------------
@@ -316,7 +377,10 @@ def _check_args(model: ModelWrapper, args: dict[str, Any]) -> None:
         raise bad_request(str(exc)) from None
 
 
-async def _chat(model: ModelWrapper, body: ChatCompletionRequest) -> Response:
+_Record = Callable[["list[Experience]", str], None]  # (experiences, response id)
+
+
+async def _chat(model: ModelWrapper, body: ChatCompletionRequest, record: _Record) -> Response:
     tools, tool_parser = _tool_plan(model, body)
     reasoning_parser = get_reasoning_parser(model.reasoning_parser) if model.reasoning_parser else None
     messages = template_messages(body.messages)
@@ -329,7 +393,9 @@ async def _chat(model: ModelWrapper, body: ChatCompletionRequest) -> Response:
             ),
             "chat completion",
         )
-        chunks = _chat_stream(model, body, first, stream, messages, tools, reasoning_parser, tool_parser)
+        chunks = _chat_stream(
+            model, body, first, stream, messages, tools, reasoning_parser, tool_parser, record
+        )
         return _sse(chunks, stream)
     try:
         experiences = await model._sample_chat_async(
@@ -351,10 +417,11 @@ async def _chat(model: ModelWrapper, body: ChatCompletionRequest) -> Response:
             choice["logprobs"] = {"content": _chat_logprobs(tokenizer, exp)}
         choices.append(choice)
         _annotate(exp, messages, message, tools, parsed)
-    model._record(experiences)  # after annotating: the history never holds a half-made record
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    record(experiences, completion_id)  # after annotating: the history never holds a half-made record
 
     completion = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model.name,
@@ -533,6 +600,7 @@ async def _chat_stream(
     tools: list[dict[str, Any]] | None,
     reasoning_parser: Callable[[str], tuple[str | None, str]] | None,
     tool_parser: Callable[[str], ParsedReply] | None,
+    record: _Record,
 ) -> AsyncIterator[dict[str, Any]]:
     tokenizer = model.tokenizer
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk",
@@ -577,7 +645,7 @@ async def _chat_stream(
             finish = "tool_calls" if parsed.tool_calls else exp.info.get("finish_reason", "stop")
             finals.append((message, finish))
             _annotate(exp, messages, message, tools, parsed)
-        model._record(end.experiences)  # complete: recorded as a call that does not stream
+        record(end.experiences, head["id"])  # complete: recorded as a call that does not stream
 
         for i, (message, finish) in enumerate(finals):
             rest = sent[i].delta(
@@ -630,12 +698,12 @@ def _sse(chunks: AsyncIterator[dict[str, Any]], stream: AsyncIterator[StreamItem
 # -- /v1/completions -------------------------------------------------------------------------
 
 
-async def _complete(model: ModelWrapper, body: CompletionRequest) -> Response:
+async def _complete(model: ModelWrapper, body: CompletionRequest, record: _Record) -> Response:
     args = body.rollout_args()
     _check_args(model, args)
     if body.stream:
         first, stream = await _open_stream(lambda: model._stream(body.prompts, **args), "completion")
-        return _sse(_completion_stream(model, body, first, stream), stream)
+        return _sse(_completion_stream(model, body, first, stream, record), stream)
     try:
         experiences = await model._sample_async(body.prompts, **args)
     except _CLIENT_ERRORS as exc:
@@ -660,11 +728,12 @@ async def _complete(model: ModelWrapper, body: CompletionRequest) -> Response:
             choice["logprobs"], _ = _completion_logprobs(tokenizer, ids, exp.logprobs.tolist(), 0)
         choices.append(choice)
         exp.action_mask = torch.ones(exp.response_length, dtype=torch.bool)
-    model._record(experiences)
+    completion_id = f"cmpl-{uuid.uuid4().hex}"
+    record(experiences, completion_id)
 
     prompt_tokens = sum(e.prompt_length for e in experiences[:: body.n])
     completion = {
-        "id": f"cmpl-{uuid.uuid4().hex}",
+        "id": completion_id,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model.name,
@@ -687,7 +756,11 @@ def _completion_logprobs(
 
 
 async def _completion_stream(
-    model: ModelWrapper, body: CompletionRequest, first: StreamItem, stream: AsyncIterator[StreamItem]
+    model: ModelWrapper,
+    body: CompletionRequest,
+    first: StreamItem,
+    stream: AsyncIterator[StreamItem],
+    record: _Record,
 ) -> AsyncIterator[dict[str, Any]]:
     import torch
 
@@ -725,7 +798,7 @@ async def _completion_stream(
             raise RuntimeError("the engine's stream ended without its Experiences")
         for exp in end.experiences:
             exp.action_mask = torch.ones(exp.response_length, dtype=torch.bool)
-        model._record(end.experiences)
+        record(end.experiences, head["id"])
         for i, exp in enumerate(end.experiences):
             rest = sent[i].delta({"text": exp.response_text or ""}, final=True).get("text", "")
             yield chunk(i, rest, finish=exp.info.get("finish_reason", "stop"))
