@@ -7,7 +7,7 @@ import os
 import pytest
 
 from trinity.actors import use_cpu_share
-from trinity.config import Config
+from trinity.config import Config, ConfigError, resolve_config
 from trinity.placement import actor_resources, cpu_shares
 
 
@@ -85,3 +85,76 @@ def test_use_cpu_share_sets_torch_threads_from_the_cores_it_may_use():
         assert use_cpu_share(1 / (cores + 1)) == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
+
+
+# -- mode colocate: trainer and explorer share one GPU (on CPU, the cores) ---------------------
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_colocate_shares_one_gpu_however_many_the_cluster_has(gpus):
+    res = actor_resources(_config(mode="colocate"), gpus)
+    assert res["explorer"]["num_gpus"] == pytest.approx(0.5)
+    assert res["trainer"]["num_gpus"] == pytest.approx(0.5)
+
+
+def test_colocate_on_cpu_runs_as_both_sharing_the_cores():
+    assert actor_resources(_config(mode="colocate"), 0) == actor_resources(_config(mode="both"), 0)
+    assert cpu_shares(_config(mode="colocate"), 0) == {"explorer": 0.5, "trainer": 0.5}
+
+
+def _colocate(**keys) -> Config:
+    source = {
+        "mode": "colocate",
+        "model": {"model_path": "m", "max_model_len": 64},
+        "algorithm": {"algorithm_type": "ppo"},
+        "buffer": {"batch_size": 2, "explorer_input": {"tasksets": [{"path": "t.jsonl"}]}},
+        **keys,
+    }
+    return resolve_config(Config.model_validate(source))
+
+
+def test_colocate_syncs_weights_through_memory_by_default():
+    assert _colocate().synchronizer.sync_method == "memory"
+    assert _colocate(synchronizer={"sync_method": "checkpoint"}).synchronizer.sync_method == "checkpoint"
+
+
+@pytest.mark.parametrize(
+    ("keys", "key", "message"),
+    [
+        ({"synchronizer": {"sync_method": "nccl"}}, "synchronizer.sync_method", "cannot use nccl"),
+        ({"synchronizer": {"sync_method": "online"}}, "synchronizer.sync_method", "cannot use nccl"),
+        ({"explorer": {"rollout_model": {"engine_num": 2}}}, "explorer.rollout_model.engine_num", "is 2;"),
+        (
+            {"explorer": {"rollout_model": {"tensor_parallel_size": 2}}},
+            "explorer.rollout_model.tensor_parallel_size",
+            "is 2;",
+        ),
+        (
+            {"explorer": {"auxiliary_models": [{"model_path": "judge"}]}},
+            "explorer.auxiliary_models",
+            "runs no auxiliary models",
+        ),
+        (
+            {"trainer": {"ulysses_sequence_parallel_size": 2}},
+            "trainer.ulysses_sequence_parallel_size",
+            "is 2;",
+        ),
+        ({"cluster": {"node_num": 1, "gpu_per_node": 2}}, "mode", "node_num * cluster.gpu_per_node is 2"),
+        (
+            {"buffer": {"batch_size": 2}},
+            "buffer.explorer_input.tasksets",
+            "needs at least one training taskset",
+        ),
+    ],
+)
+def test_colocate_refuses_what_one_gpu_cannot_hold(keys, key, message):
+    with pytest.raises(ConfigError) as info:
+        _colocate(**keys)
+    assert info.value.key == key
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_colocate_on_one_gpu_is_accepted():
+    config = _colocate(cluster={"node_num": 1, "gpu_per_node": 1})
+    assert config.mode == "colocate"

@@ -1,0 +1,169 @@
+"""Joining a Ray cluster (trinity.cluster): address resolution, token detection, the one-line
+errors and the resource checks, without a cluster (tests/e2e/test_cluster.py runs a real one)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+
+import pytest
+
+from trinity.cluster import (
+    ClusterError,
+    auth_reason,
+    check_resources,
+    connect,
+    failure_line,
+    is_auth_error,
+    resolve_address,
+    token_source,
+    travelling_env,
+)
+from trinity.config import Config
+
+
+@pytest.mark.parametrize(
+    ("configured", "env", "expected"),
+    [
+        ("10.0.0.1:6379", {"RAY_ADDRESS": "10.0.0.2:6379"}, ("10.0.0.1:6379", "cluster.ray_address")),
+        ("auto", {"RAY_ADDRESS": "10.0.0.2:6379"}, ("10.0.0.2:6379", "RAY_ADDRESS")),
+        ("", {"RAY_ADDRESS": " auto "}, ("auto", "RAY_ADDRESS")),
+        ("local", {"RAY_ADDRESS": "10.0.0.2:6379"}, ("10.0.0.2:6379", "RAY_ADDRESS")),
+        ("auto", {}, (None, "")),
+        ("auto", {"RAY_ADDRESS": "local"}, (None, "")),
+        ("auto", {"RAY_ADDRESS": ""}, (None, "")),
+    ],
+)
+def test_address_config_wins_then_ray_address_else_a_local_ray(configured, env, expected):
+    assert resolve_address(configured, env) == expected
+
+
+def test_trinity_and_offline_variables_travel_to_the_actors():
+    env = travelling_env({"TRINITY_X": "1", "HF_HUB_OFFLINE": "1", "HOME": "/root", "RAY_AUTH_TOKEN": "s"})
+    assert env == {"TRINITY_X": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def test_token_is_found_where_ray_looks_in_rays_order(tmp_path: Path):
+    home = tmp_path / "home"
+    assert token_source({}, home) is None
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("t")
+    assert token_source({}, home) == str(home / ".ray" / "auth_token")
+    token_file = tmp_path / "token"
+    token_file.write_text("t")
+    assert (
+        token_source({"RAY_AUTH_TOKEN_PATH": str(token_file)}, home) == f"RAY_AUTH_TOKEN_PATH ({token_file})"
+    )
+    # A path to nothing is no token, even with the default file present (Ray reads only the path).
+    assert token_source({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "absent")}, home) is None
+    assert (
+        token_source({"RAY_AUTH_TOKEN": "abc", "RAY_AUTH_TOKEN_PATH": str(token_file)}, home)
+        == "RAY_AUTH_TOKEN"
+    )
+    assert token_source({"RAY_AUTH_TOKEN": "  "}, home) == str(home / ".ray" / "auth_token")
+
+
+def test_auth_reason_says_what_is_missing_and_how_to_get_it(tmp_path: Path):
+    no_token = auth_reason({}, tmp_path)
+    assert "requires token authentication and no token was found" in no_token
+    assert "ray get-auth-token" in no_token
+    refused = auth_reason({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "x"}, tmp_path)
+    assert "refused the token from RAY_AUTH_TOKEN" in refused
+    disabled = auth_reason({"RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": "x"}, tmp_path)
+    assert "RAY_AUTH_MODE is 'disabled'" in disabled
+
+
+def test_failure_line_is_one_line_naming_the_address_and_the_way_out():
+    line = failure_line("10.0.0.1:6379", "RAY_ADDRESS", "nothing listens there")
+    assert "\n" not in line
+    assert line == (
+        "cannot connect to the Ray cluster at 10.0.0.1:6379: nothing listens there; "
+        "start it with `ray start --head` or unset RAY_ADDRESS"
+    )
+    assert failure_line("h:1", "cluster.ray_address", "r").endswith("or unset cluster.ray_address")
+    # A head that is there but refuses the job: starting one would not help.
+    assert failure_line("h:1", "RAY_ADDRESS", "refused", unreachable=False) == (
+        "cannot connect to the Ray cluster at h:1: refused"
+    )
+
+
+def test_auth_refusals_are_recognised_through_the_cause_chain():
+    class AuthenticationError(Exception):
+        pass
+
+    try:
+        try:
+            raise RuntimeError("Failed to connect to GCS ... InvalidAuthToken: missing or incorrect")
+        except RuntimeError as inner:
+            raise ConnectionError("Failed to connect to Ray cluster at h:1") from inner
+    except ConnectionError as exc:
+        assert is_auth_error(exc)
+    assert is_auth_error(AuthenticationError("x"))
+    assert not is_auth_error(ConnectionError("Failed to connect to Ray cluster at h:1"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_connect_to_a_port_where_nothing_listens_fails_in_one_line(monkeypatch):
+    pytest.importorskip("ray")
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("this process is already connected to Ray")
+    port = _free_port()
+    config = Config.model_validate({"cluster": {"ray_address": f"127.0.0.1:{port}"}})
+    with pytest.raises(ClusterError) as info:
+        connect(config)
+    assert str(info.value) == (
+        f"cannot connect to the Ray cluster at 127.0.0.1:{port}: nothing listens there (connection refused); "
+        "start it with `ray start --head` or unset cluster.ray_address"
+    )
+    assert not ray.is_initialized()
+
+
+def _node(gpus: float = 0, alive: bool = True) -> dict:
+    resources = {"CPU": 2.0, **({"GPU": gpus} if gpus else {})}
+    return {"Alive": alive, "Resources": resources}
+
+
+def _cluster_config(mode: str = "both", **cluster) -> Config:
+    return Config.model_validate({"mode": mode, "cluster": cluster})
+
+
+def test_resources_within_the_cluster_pass():
+    nodes = [_node(8), _node(8), _node(8, alive=False)]
+    check_resources(_cluster_config(), nodes, "h:1")
+    check_resources(_cluster_config(node_num=2, gpu_per_node=8), nodes, "h:1")
+    check_resources(_cluster_config(node_num=1, gpu_per_node=4), nodes, "h:1")
+
+
+def test_more_nodes_than_the_cluster_has_is_one_clear_error():
+    with pytest.raises(
+        ClusterError, match=r"cluster.node_num is 3 but the Ray cluster at h:1 has 2 alive node"
+    ):
+        check_resources(_cluster_config(node_num=3), [_node(), _node(), _node(alive=False)], "h:1")
+
+
+def test_more_gpus_per_node_than_the_nodes_have_is_one_clear_error():
+    nodes = [_node(8), _node(4)]
+    with pytest.raises(
+        ClusterError, match=r"gpu_per_node is 8 but only 1 node\(s\) of the Ray cluster at h:1"
+    ):
+        check_resources(_cluster_config(node_num=2, gpu_per_node=8), nodes, "h:1")
+    with pytest.raises(
+        ClusterError, match=r"0 node\(s\) of the local Ray have that many GPUs \(GPUs per node: 0\)"
+    ):
+        check_resources(_cluster_config(gpu_per_node=1), [_node()], "")
+
+
+def test_colocate_on_several_gpus_warns_that_it_uses_one(caplog):
+    with caplog.at_level(logging.WARNING, logger="trinity.cluster"):
+        check_resources(_cluster_config(mode="colocate"), [_node(1)], "h:1")
+        assert not caplog.records
+        check_resources(_cluster_config(mode="colocate"), [_node(2)], "h:1")
+    assert "mode colocate shares one GPU" in caplog.text
