@@ -1,8 +1,15 @@
-"""Experience pipeline overhead: an explore step's buffer write with and without the pipeline.
+"""Experience pipeline overhead: an explore step with and without the pipeline.
 
     python benchmarks/pipeline.py [--groups 16] [--repeat 8] [--tokens 512] [--steps 20]
+                                  [--explore-steps 6]
 
-A step is ``--groups`` tasks x ``--repeat`` rollouts of ``--tokens`` tokens (half response),
+Part 1 (the target: overhead per explore step): a real CPU explore step of the tiny math model
+(``trinity_math.tiny``, 4 tasks x 8 rollouts, transformers engine, SQLite buffer), run by two
+in-process explorers, one with the six built-in operators in its experience pipeline; steps
+interleaved, median time per step, and their ratio.
+
+Part 2, a harsher baseline:
+a step is ``--groups`` tasks x ``--repeat`` rollouts of ``--tokens`` tokens (half response),
 rewards 0/1 with a quarter of the groups all-correct and a quarter all-wrong. Each round writes
 ``--steps`` steps into a fresh SQLite buffer, once through the plain writer and once through the
 experience pipeline of every built-in operator (reward shaping, pass rate, invalid-reward, reward
@@ -86,13 +93,91 @@ def run(
         return (time.perf_counter() - start) / len(data)
 
 
+EXPLORE = """
+project: bench
+name: {name}
+checkpoint_root_dir: {root}/ckpt
+algorithm: {{algorithm_type: grpo, repeat_times: 8}}
+model: {{model_path: {root}/model, max_prompt_tokens: 64, max_response_tokens: 24}}
+data_processor:
+  experience_pipeline:
+    save_input: false
+    operators: {operators}
+buffer:
+  batch_size: 4
+  explorer_input:
+    taskset:
+      name: arith
+      path: {root}/data
+      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
+    default_workflow_type: math_workflow
+    default_reward_fn_type: math_reward
+  trainer_input:
+    experience_buffer: {{name: exp, storage_type: sql, path: "sqlite:///{root}/{name}.db"}}
+explorer:
+  runner_per_model: 2
+  rollout_model: {{engine_type: transformers, dtype: float32, seed: 1}}
+"""
+
+BUILTINS = [
+    {"name": "invalid_reward_filter"},
+    {"name": "pass_rate_calculator"},
+    {"name": "reward_shaping_mapper", "args": {"reward_shaping_configs": [{"stats_key": "accuracy"}]}},
+    {"name": "reward_filter", "args": {"threshold": -1.0}},
+    {"name": "reward_std_filter"},
+    {"name": "duplicate_filter"},
+]
+
+
+def explore_steps(steps: int) -> None:
+    """Part 1: median explore step time with and without the built-in pipeline."""
+    import json
+    import statistics
+
+    from trinity.config import load_config
+    from trinity.explorer.explorer import Explorer
+    from trinity_math.tasks import main as make_tasks
+    from trinity_math.tiny import create_math_model
+
+    with tempfile.TemporaryDirectory() as root:
+        make_tasks(
+            ["arithmetic", "--out", f"{root}/data", "--train", "200", "--test", "4", "--difficulty", "3"]
+        )
+        create_math_model(f"{root}/model", seed=0)
+        explorers = {}
+        for name, ops in (("plain", []), ("pipeline", BUILTINS)):
+            text = EXPLORE.format(root=root, name=name, operators=json.dumps(ops))
+            with open(f"{root}/{name}.yaml", "w") as f:
+                f.write(text)
+            explorers[name] = Explorer(load_config(f"{root}/{name}.yaml"))
+        times: dict[str, list[float]] = {name: [] for name in explorers}
+        for _ in range(steps + 1):
+            for name, explorer in explorers.items():
+                start = time.perf_counter()
+                metrics = explorer.explore_step()
+                times[name].append(time.perf_counter() - start)
+        cost = metrics.get("pipeline/seconds", 0.0)
+        plain = statistics.median(times["plain"][1:])  # the first step warms up
+        piped = statistics.median(times["pipeline"][1:])
+        print(f"explore step, tiny model, 4 tasks x 8 rollouts, {steps} steps each (median):")
+        print(f"  without pipeline:  {plain:6.3f} s/step")
+        print(f"  with 6 built-ins:  {piped:6.3f} s/step  ({piped / plain:.3f}x)")
+        print(
+            f"  the pipeline itself: {1000 * cost:.2f} ms in the last step: overhead ratio "
+            f"{(plain + cost) / plain:.5f} (the step times above differ by the machine's noise)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--explore-steps", type=int, default=6, help="0 skips part 1")
     args = parser.parse_args()
+    if args.explore_steps:
+        explore_steps(args.explore_steps)
     torch.manual_seed(0)
     steps = [make_step(s, args.groups, args.repeat, args.tokens) for s in range(1, args.steps + 1)]
     kept = [pipeline().process([copy(e) for e in s])[0] for s in steps]

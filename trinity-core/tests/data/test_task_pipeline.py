@@ -112,12 +112,13 @@ def test_worker_processes_give_the_same_rows(tmp_path):
     assert (Path(one) / "train.jsonl").read_text() == (Path(many) / "train.jsonl").read_text()
 
 
-def test_an_operator_of_the_wrong_contract_is_named(tmp_path):
-    config = _config(tmp_path, [{"name": "reward_filter"}])
+def test_an_operator_of_the_wrong_contract_is_named_at_load(tmp_path):
+    from trinity.config.errors import ConfigError
+
     with pytest.raises(
-        ValueError, match=r"operators\[0\]: operator 'reward_filter' is a experience operator"
+        ConfigError, match=r"operators\[0\]: operator 'reward_filter' is an experience operator"
     ):
-        run_task_pipeline(config)
+        _config(tmp_path, [{"name": "reward_filter"}])
 
 
 class _Scorer(BaseHTTPRequestHandler):

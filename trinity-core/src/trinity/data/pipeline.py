@@ -33,7 +33,7 @@ def build_operator(op: OperatorConfig, contract: type[Operator], where: str) -> 
     cls = get_component("operator", op.name)
     if not issubclass(cls, contract):
         raise ValueError(
-            f"{where}: operator {op.name!r} is a {_contract_name(cls)}, not a {_contract_name(contract)}"
+            f"{where}: operator {op.name!r} is {_contract_name(cls)}, not {_contract_name(contract)}"
         )
     args = {**cls.default_args(), **dict(op.args or {})}
     try:
@@ -46,10 +46,10 @@ def _contract_name(cls: type) -> str:
     from trinity.data.operator import ExperienceOperator, TaskOperator
 
     if issubclass(cls, ExperienceOperator):
-        return "experience operator"
+        return "an experience operator"
     if issubclass(cls, TaskOperator):
-        return "task operator"
-    return "operator"
+        return "a task operator"
+    return "an operator of neither contract"
 
 
 class ExperiencePipeline:

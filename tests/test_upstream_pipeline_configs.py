@@ -1,0 +1,68 @@
+"""Upstream's data-processor examples (stored unchanged under ``upstream_configs/``): the task
+pipeline config loads with its operator built; the experience pipeline config, whose first
+operator runs a Data-Juicer recipe, stops at load with one line naming the key."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from trinity.config import load_config
+from trinity.config.errors import ConfigError
+
+UPSTREAM = Path(__file__).parent / "upstream_configs"
+
+
+@pytest.fixture
+def upstream_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRINITY_MODEL_PATH", "/models/some-model")
+    monkeypatch.setenv("TRINITY_CHECKPOINT_ROOT_DIR", str(tmp_path / "ckpt"))
+    monkeypatch.setenv("TRINITY_TASKSET_PATH", str(tmp_path / "data"))
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_the_task_pipeline_example_loads_with_its_scoring_model_address(upstream_env, monkeypatch):
+    pytest.importorskip("openai", reason="llm_difficulty_score_filter talks to the scoring model with openai")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
+    config = load_config(UPSTREAM / "grpo_gsm8k_task_pipeline" / "gsm8k.yaml")
+    tp = config.data_processor.task_pipeline
+    assert [op.name for op in tp.operators] == ["llm_difficulty_score_filter"]
+    assert tp.inputs == [str(upstream_env / "data")] and tp.target_fields == ["question", "answer"]
+
+
+def test_the_task_pipeline_example_without_an_address_names_the_operator(upstream_env):
+    pytest.importorskip("openai", reason="llm_difficulty_score_filter talks to the scoring model with openai")
+    with pytest.raises(ConfigError) as info:
+        load_config(UPSTREAM / "grpo_gsm8k_task_pipeline" / "gsm8k.yaml")
+    message = str(info.value)
+    assert "\n" not in message and "data_processor.task_pipeline.operators[0]" in message
+    assert "args.base_url or $OPENAI_BASE_URL" in message
+
+
+def test_the_experience_pipeline_example_stops_at_its_data_juicer_operator(upstream_env):
+    with pytest.raises(ConfigError) as info:
+        load_config(UPSTREAM / "grpo_gsm8k_experience_pipeline" / "gsm8k.yaml")
+    message = str(info.value)
+    assert "\n" not in message and "data_processor.experience_pipeline.operators[0].name" in message
+    assert "data_juicer operator (Data-Juicer recipes) is not in this version" in message
+
+
+def test_an_unknown_or_misplaced_operator_fails_at_load(upstream_env, tmp_path):
+    base = (UPSTREAM / "grpo_gsm8k_experience_pipeline" / "gsm8k.yaml").read_text()
+    start = base.index("      - name: data_juicer")
+    end = base.index("      - name: reward_shaping_mapper")
+    for replacement, expected in (
+        ("      - name: reward_shaping_mappr\n", "Unknown operator 'reward_shaping_mappr'. Did you mean"),
+        ("      - name: length_filter\n", "operator 'length_filter' is a task operator, not an experience"),
+        (
+            "      - name: reward_filter\n        args: {limit: 1}\n",
+            re.escape("operator 'reward_filter' rejects its args ['limit', 'threshold']"),
+        ),
+    ):
+        (tmp_path / "job.yaml").write_text(base[:start] + replacement + base[end:])
+        with pytest.raises(ConfigError, match=expected):
+            load_config(tmp_path / "job.yaml")
