@@ -67,12 +67,16 @@ def test_a_queue_without_a_path_cannot_be_shared_without_a_cluster(upstream_env,
     assert "give the queue a path" in message and "cluster.ray_address" in message
 
 
-def test_nccl_between_two_jobs_is_refused_in_one_line(upstream_env, tmp_path):
+def test_nccl_between_two_jobs_needs_one_ray_cluster(upstream_env, tmp_path, monkeypatch):
     from trinity.config.errors import ConfigError
 
     text = (
         (UPSTREAM / "explorer.yaml").read_text().replace("sync_method: 'checkpoint'", "sync_method: 'nccl'")
     )
     (tmp_path / "explorer.yaml").write_text(text)
-    with pytest.raises(ConfigError, match=r"mode 'explore' runs one side of a decoupled pair.*checkpoint"):
+    with pytest.raises(
+        ConfigError, match=r"mode 'explore' reaches only when both jobs run on one Ray cluster"
+    ):
         load_config(tmp_path / "explorer.yaml")
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # on one cluster: the train job broadcasts
+    assert load_config(tmp_path / "explorer.yaml").synchronizer.sync_method == "nccl"

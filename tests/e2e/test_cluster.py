@@ -240,17 +240,25 @@ def test_jobs_run_on_the_head_they_join_and_leave_it_running(head, job_root, job
     assert _group_alive(head.pgid)
 
 
-def test_a_decoupled_pair_shares_the_named_queue_and_the_last_to_leave_removes_it(head, job_root, job_env):
+@pytest.mark.parametrize("sync_method", ["checkpoint", "nccl"])
+def test_a_decoupled_pair_shares_the_named_queue_and_the_last_to_leave_removes_it(
+    head, job_root, job_env, sync_method
+):
     # An explore job and a train job of one run (same project/name), each its own `trinity run`,
     # on the shared head: both reach the queue actor by name in the run's namespace (no path).
+    # Weights go through checkpoints, or (nccl) the train job broadcasts to the explore job's
+    # explorer actor (gloo on CPU).
     env = head.env(job_env)
+    name = f"pair_{sync_method}"
     queues_before = sum(row["class"] == "QueueActor" for row in _actors(head, job_env))
     command = [sys.executable, "-m", "trinity.cli", "run", "--config"]
     configs = {}
     for mode in ("train", "explore"):
-        text = CONFIG.format(root=job_root, name="pair", mode=mode, port=head.address.rsplit(":", 1)[1])
-        configs[mode] = job_root / f"pair_{mode}.yaml"
-        configs[mode].write_text(textwrap.dedent(text) + "synchronizer: {sync_method: checkpoint}\n")
+        text = CONFIG.format(root=job_root, name=name, mode=mode, port=head.address.rsplit(":", 1)[1])
+        configs[mode] = job_root / f"{name}_{mode}.yaml"
+        # Four train steps, weights sent after steps 2 and 4, while the explorer explores.
+        extra = f"synchronizer: {{sync_method: {sync_method}, sync_interval: 2}}\n"
+        configs[mode].write_text(textwrap.dedent(text).replace("total_steps: 2", "total_steps: 4") + extra)
     procs = {
         mode: subprocess.Popen(
             [*command, str(configs[mode])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -260,7 +268,13 @@ def test_a_decoupled_pair_shares_the_named_queue_and_the_last_to_leave_removes_i
     outs = {mode: proc.communicate(timeout=600) for mode, proc in procs.items()}
     for mode, proc in procs.items():
         assert proc.returncode == 0, mode + ": " + outs[mode][0][-3000:] + outs[mode][1][-3000:]
-    assert "[trinity] done: 2 train steps" in outs["train"][0]
+    assert "[trinity] done: 4 train steps" in outs["train"][0]
+    if sync_method == "nccl":
+        # The explore job starts its actors while the train job waits for its first batch, so
+        # its explorer is on the cluster for the broadcast after train step 2.
+        assert "trainer step 2: broadcast version 2 to the explorer job" in outs["train"][0], outs["train"]
+        log = (job_root / "ckpt" / "e2e" / name / "log" / "explorer.log").read_text()
+        assert "loaded weights version 2 from the trainer's broadcast" in log
     queues = [row for row in _actors(head, job_env) if row["class"] == "QueueActor"]
     # One queue for the pair (not one per job), gone once both jobs left.
     assert len(queues) == queues_before + 1 and all(row["state"] == "DEAD" for row in queues), queues

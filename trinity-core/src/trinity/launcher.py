@@ -345,6 +345,10 @@ class _StepLoop:
         self.weights: WeightTransport | None = None
         self.checkpoint_sync = config.synchronizer.sync_method == "checkpoint"
         self.explore_steps_per_batch = _explore_steps_per_batch(config)
+        # Train-only with sync_method nccl (both jobs on one Ray cluster): the broadcast group
+        # with the explorer job's explorer actor, found by name in the run's namespace.
+        self.peer_sync: WeightTransport | None = None
+        self.peer_state = "not found"  # "not found", "open" or "gone"
 
     def get(self, ref: Any, doing: str) -> Any:
         return _get(self.ray, ref, doing)
@@ -357,7 +361,7 @@ class _StepLoop:
         if trainer is not None:
             self.trainer_step = self.get(trainer.current_step.remote(), "trainer")
             self.reader_position = self.get(trainer.reader_position.remote(), "trainer")
-        if (explorer is None or trainer is None) and not self.checkpoint_sync:
+        if (explorer is None or trainer is None) and not self.checkpoint_sync and not self.cross_job_nccl:
             other = "trainer" if trainer is None else "explorer"
             logger.warning(
                 "synchronizer.sync_method %s: this %s-only stage exchanges no weights with the %s job "
@@ -395,7 +399,7 @@ class _StepLoop:
             pending = [r for r in (explore_ref, train_ref) if r is not None]
             if not pending:
                 if trainer is None and self.explorer_wait is not None:
-                    # Explore-only: poll the job dir for the other job's checkpoint.
+                    # Explore-only: poll for the other job's checkpoint (or broadcast).
                     time.sleep(min(1.0, _wait_report_s()))
                     if time.monotonic() - waiting_since >= _wait_report_s():
                         self.report_wait(None, None, explorer_done, time.monotonic() - waiting_since)
@@ -442,7 +446,65 @@ class _StepLoop:
             self.eval(self.explorer_step)
         if weights is not None:
             _sync(weights.close)  # a later stage (new actors) opens a transport of its own
+        if self.peer_sync is not None:
+            with contextlib.suppress(Exception):  # the explorer job may have ended first
+                self.peer_sync.close()
         return self.finish(total, final_checkpoint, time.monotonic() - start)
+
+    @property
+    def cross_job_nccl(self) -> bool:
+        """A job of a decoupled pair with ``sync_method: nccl``: the train job broadcasts to the
+        explore job's explorer actor (both on one Ray cluster; the config check ensures it)."""
+        return self.config.synchronizer.sync_method == "nccl" and (self.explorer is None) != (
+            self.trainer is None
+        )
+
+    def broadcast_to_explorer_job(self) -> None:
+        """Train-only, ``sync_method: nccl``: broadcast the current weights to the explorer job's
+        explorer actor (the broadcast waits for its explore step in flight). Before that job's
+        actor exists, and after it ended, the weights are not sent (said once each)."""
+        from trinity.sync import WeightSyncFailed
+        from trinity.sync.transport import BroadcastTransport
+
+        config, sync = self.config, self.config.synchronizer
+        if self.peer_state == "gone":
+            return
+        if self.peer_sync is None:
+            try:
+                peer = self.ray.get_actor(config.explorer.name, namespace=config.ray_namespace)
+            except ValueError:
+                if self.peer_state == "not found":
+                    print(
+                        f"[trinity] trainer step {self.trainer_step}: no explorer job of this run on the "
+                        f"cluster yet (actor {config.explorer.name!r} in namespace {config.ray_namespace!r}); "
+                        "weights are broadcast once it is there",
+                        flush=True,
+                    )
+                    self.peer_state = "waiting"
+                return
+            transport = BroadcastTransport(self.ray, peer, self.trainer, sync.sync_timeout)
+            try:
+                why = transport.open()
+            except WeightSyncFailed as exc:
+                raise JobFailed(f"weight sync with the explorer job: {exc}") from exc
+            logger.info("sync_method nccl with the explorer job: %s", why)
+            self.peer_sync, self.peer_state = transport, "open"
+        try:
+            version = self.peer_sync.sync()
+        except WeightSyncFailed as exc:
+            if "an actor died" not in str(exc):
+                raise JobFailed(f"weight sync with the explorer job: {exc}") from exc
+            self.peer_state, self.peer_sync = "gone", None
+            print(
+                f"[trinity] trainer step {self.trainer_step}: the explorer job has ended; no more weights "
+                "are sent",
+                flush=True,
+            )
+            return
+        print(
+            f"[trinity] trainer step {self.trainer_step}: broadcast version {version} to the explorer job",
+            flush=True,
+        )
 
     # -- who may start a step ------------------------------------------------------------------
 
@@ -450,7 +512,7 @@ class _StepLoop:
         """Ask the synchronizer (syncing as it says) whether the explorer starts its next step."""
         self.explorer_wait = None
         if self.trainer is None:
-            return self.checkpoint_may_run()
+            return self.broadcast_may_run() if self.cross_job_nccl else self.checkpoint_may_run()
         if trainer_done:
             # No more versions will come: load the last one once, never wait.
             if self.trainer_step > self.explorer_version:
@@ -492,6 +554,41 @@ class _StepLoop:
             self.trainer_step,
             why,
         )
+
+    def broadcast_may_run(self) -> bool:
+        """Explore-only with ``sync_method: nccl``: the train job broadcasts its weights into this
+        job's explorer actor between explore steps. Report each new version; in ``fixed`` style
+        wait at sync steps for the needed one, at most ``synchronizer.sync_timeout`` seconds."""
+        from trinity.sync.synchronizer import SyncDecision
+
+        version = self.get(self.explorer.model_version.remote(), "explorer")
+        if version != self.explorer_version:
+            self.explorer_version = version
+            print(
+                f"[trinity] explorer step {self.explorer_step}: holds the train job's broadcast weights "
+                f"(model version {version})",
+                flush=True,
+            )
+            self.monitors["explorer"].log({"sync/model_version": float(version)}, self.explorer_step)
+        sync = self.synchronizer
+        if sync.sync_style != "fixed" or not sync.is_sync_step(self.explorer_step):
+            return True
+        target = self.explorer_step - sync.sync_offset
+        if version >= target or target in self.checkpoint_given_up:
+            return True
+        since = self.checkpoint_wait_since.setdefault(target, time.monotonic())
+        timeout = self.config.synchronizer.sync_timeout
+        if time.monotonic() - since < timeout:
+            self.explorer_wait = SyncDecision("wait", target, f"sync step: needs version {target}")
+            return False
+        self.checkpoint_given_up.add(target)
+        print(
+            f"[trinity] explorer step {self.explorer_step}: no broadcast of version {target} from the train "
+            f"job after {timeout}s (synchronizer.sync_timeout); exploring on with model version {version}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
 
     def checkpoint_may_run(self) -> bool:
         """Explore-only: load the other job's newest checkpoint at the style's sync points; in
@@ -599,6 +696,12 @@ class _StepLoop:
                 path,
                 version,
             )
+        if (
+            self.explorer is None
+            and self.cross_job_nccl
+            and self.synchronizer.is_publish_step(self.trainer_step)
+        ):
+            self.broadcast_to_explorer_job()
         _log(self.monitors["trainer"], metrics, self.trainer_step)
         self.last_metrics.update(_numbers(metrics))
 
@@ -616,6 +719,12 @@ class _StepLoop:
         wait = self.explorer_wait
         if explore_ref is not None:
             parts.append(f"explorer step {self.explorer_step + 1} is running its tasks")
+        elif not explorer_done and self.trainer is None and wait is not None and self.cross_job_nccl:
+            parts.append(
+                f"the explorer waits for the train job's broadcast of version {wait.version} "
+                f"(synchronizer.sync_timeout {self.config.synchronizer.sync_timeout}s; holds model "
+                f"version {self.explorer_version})"
+            )
         elif not explorer_done and self.trainer is None and wait is not None:
             parts.append(
                 f"the explorer waits for the trainer job's checkpoint of step {wait.version} in "

@@ -392,3 +392,95 @@ def test_a_lead_no_train_step_can_close_fails_with_a_message(tmp_path, monkeypat
     loop = _StepLoop(ray, config, explorer, trainer, Synchronizer.from_config(config.synchronizer), monitors)
     with pytest.raises(JobFailed, match=r"wait for each other.*raise synchronizer\.sync_offset"):
         loop.run()
+
+
+# -- a decoupled pair with sync_method nccl (both jobs on one Ray cluster) -------------------------
+
+
+class BroadcastExplorer(FakeExplorer):
+    """The explore job's explorer: its version changes when the train job broadcasts into it."""
+
+    def call(self, name, *args):
+        if name == "model_version":
+            return self.submit(0, self.version)
+        return super().call(name, *args)
+
+
+def test_explore_only_nccl_fixed_waits_for_the_train_jobs_broadcast(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRINITY_WAIT_REPORT_S", "0.1")
+    ray = FakeRay()
+    config = _config(tmp_path, method="nccl", mode="explore", style="fixed", interval=2, steps=4)
+    explorer = BroadcastExplorer(ray, 1, 4)
+    loop = _StepLoop(ray, config, explorer, None, Synchronizer.from_config(config.synchronizer), {
+        "explorer": Monitor(), "trainer": Monitor()
+    })  # fmt: skip
+    polls, clock = [], [0.0]
+
+    def sleep(seconds):  # the train job's broadcast lands while the explorer polls
+        polls.append(seconds)
+        clock[0] += seconds
+        if len(polls) == 3:
+            explorer.version = 2
+
+    monkeypatch.setattr(launcher.time, "sleep", sleep)
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    loop.run()
+    assert ray.ordered() == ["explore 1 (v0)", "explore 2 (v0)", "explore 3 (v2)", "explore 4 (v2)"]
+    out = capsys.readouterr().out
+    assert "waits for the train job's broadcast of version 2" in out
+    assert "holds the train job's broadcast weights (model version 2)" in out
+
+
+def test_train_only_nccl_broadcasts_to_the_explorer_job_while_it_runs(tmp_path, monkeypatch, capsys):
+    from trinity.sync import WeightSyncFailed
+
+    ray = FakeRay()
+    peer = {"actor": None}
+    sent: list[int] = []
+
+    def get_actor(name, namespace=None):
+        assert (name, namespace) == ("explorer", "proj/job")
+        if peer["actor"] is None:
+            raise ValueError("no such actor")
+        return peer["actor"]
+
+    class Broadcast:
+        def __init__(self, ray_, explorer, trainer, timeout):
+            self.trainer = trainer
+
+        def open(self):
+            return "gloo"
+
+        def sync(self):
+            if peer["actor"] == "dead":
+                raise WeightSyncFailed("weight sync (broadcast of version 6): an actor died (...)")
+            sent.append(self.trainer.step)
+            return self.trainer.step
+
+        def close(self):
+            pass
+
+    ray.get_actor = get_actor
+    monkeypatch.setattr("trinity.sync.transport.BroadcastTransport", Broadcast)
+    config = _config(tmp_path, method="nccl", mode="train", steps=6, interval=2)
+    config.ray_namespace = "proj/job"
+    trainer = FakeTrainer(ray, 1, None)
+    loop = _StepLoop(ray, config, None, trainer, Synchronizer.from_config(config.synchronizer), {
+        "explorer": Monitor(), "trainer": Monitor()
+    })  # fmt: skip
+    real = loop.trained
+
+    def trained(metrics):  # the explore job's actor appears after step 2 and ends after step 4
+        if loop.trainer_step == 2:
+            peer["actor"] = "explorer actor"
+        if loop.trainer_step == 4:
+            peer["actor"] = "dead"
+        real(metrics)
+
+    loop.trained = trained
+    loop.run()
+    assert sent == [4]
+    out = capsys.readouterr().out
+    assert out.count("no explorer job of this run on the cluster yet") == 1
+    assert "trainer step 4: broadcast version 4 to the explorer job" in out
+    assert "trainer step 6: the explorer job has ended; no more weights are sent" in out

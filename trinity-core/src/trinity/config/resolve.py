@@ -418,11 +418,11 @@ def _check_mode(c: Config) -> None:
             key="buffer.explorer_input.eval_tasksets",
         )
     _share_queue_between_jobs(c)
-    if c.mode in ("explore", "train") and c.synchronizer.sync_method == "nccl":
+    if c.mode in ("explore", "train") and c.synchronizer.sync_method == "nccl" and not joins_cluster(c):
         raise ConfigError(
-            f"sync_method 'nccl' broadcasts between the explorer and trainer of one job; mode {c.mode!r} "
-            "runs one side of a decoupled pair, which gets weights through checkpoints: use "
-            "sync_method: checkpoint",
+            f"sync_method 'nccl' broadcasts to the explore job's actors, which mode {c.mode!r} reaches only "
+            "when both jobs run on one Ray cluster (cluster.ray_address, after `ray start --head`); "
+            "otherwise use sync_method: checkpoint",
             key="synchronizer.sync_method",
         )
 
