@@ -80,3 +80,14 @@ def test_nccl_between_two_jobs_needs_one_ray_cluster(upstream_env, tmp_path, mon
         load_config(tmp_path / "explorer.yaml")
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # on one cluster: the train job broadcasts
     assert load_config(tmp_path / "explorer.yaml").synchronizer.sync_method == "nccl"
+
+
+def test_the_experience_replay_example_loads_with_its_sync_style_and_priority_function(upstream_env):
+    # ppo_countdown_exp_replay: explorer_driven (the trainer trains as long as the priority queue
+    # has experiences) and decay_limit_randomization (each experience replayed a bounded number
+    # of times).
+    config = load_config(UPSTREAM.parent / "ppo_countdown_exp_replay" / "countdown.yaml")
+    assert config.synchronizer.sync_style == "explorer_driven"
+    replay = config.buffer.trainer_input.experience_buffer.replay_buffer
+    assert replay.enable and replay.priority_fn == "decay_limit_randomization"
+    assert replay.reuse_cooldown_time == 40

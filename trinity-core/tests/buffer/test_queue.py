@@ -136,6 +136,33 @@ def test_priority_replay_prefers_new_versions_and_reuses_after_cooldown(make_exp
     assert [e.model_version for e in reader.read(3, timeout=1)] == [5, 1, 3]
 
 
+def test_decay_limit_randomization_replays_each_experience_at_most_use_count_limit_times(make_experience):
+    actor = get_queue_actor(
+        _name(),
+        priority=True,
+        priority_fn="decay_limit_randomization",
+        priority_fn_args={"decay": 2.0, "use_count_limit": 2},
+        reuse_cooldown_time=0.1,
+    )
+    writer, reader = QueueWriter(actor), QueueReader(actor)
+    writer.write([make_experience(0, model_version=5)])
+    uses = []
+    for _ in range(4):
+        uses.extend(e.model_version for e in reader.read(1, timeout=0.5))
+        time.sleep(0.3)  # past the cooldown
+    assert uses == [5, 5], "used once, replayed once (use_count_limit 2), then retired"
+    assert ray.get(actor.stats.remote())["retired"] == 1
+
+
+def test_decay_limit_randomization_noise_is_seeded():
+    from trinity.buffer.queue import resolve_priority_fn
+
+    fns = [resolve_priority_fn("decay_limit_randomization", {"sigma": 1.0}) for _ in range(2)]
+    draws = [[fn(3, 1) for _ in range(3)] for fn in fns]
+    assert draws[0] == draws[1] and len(set(draws[0])) == 3  # noisy, and the same every run
+    assert resolve_priority_fn("decay_limit_randomization", {"sigma": 0.0})(3, 1) == 1.0
+
+
 def test_priority_queue_drops_the_lowest_when_full(make_experience):
     actor = get_queue_actor(_name(), capacity=2, priority=True)
     QueueWriter(actor).write([make_experience(i, model_version=v) for i, v in enumerate([4, 1, 9])])

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import random
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,12 +34,40 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def linear_decay(model_version: int, use_count: int, decay: float = 0.1) -> float:
+def linear_decay(model_version: int, use_count: int, decay: float = 2.0) -> float:
     """Trinity-RFT's ``linear_decay``: newer weights first, each reuse costs ``decay``."""
     return model_version - decay * use_count
 
 
-PRIORITY_FNS: dict[str, Callable[..., float]] = {"linear_decay": linear_decay}
+def decay_limit_randomization(
+    model_version: int,
+    use_count: int,
+    decay: float = 2.0,
+    use_count_limit: int = 3,
+    sigma: float = 0.0,
+    rng: random.Random | None = None,
+) -> float:
+    """Trinity-RFT's ``decay_limit_randomization``: :func:`linear_decay` plus Gaussian noise of
+    standard deviation ``sigma``; an experience is replayed while its use count is under
+    ``use_count_limit`` (0: without limit), see :func:`replay_limit`."""
+    priority = linear_decay(model_version, use_count, decay)
+    if sigma > 0:
+        priority += (rng or random).gauss(0.0, sigma)
+    return priority
+
+
+def replay_limit(name: str | None, args: Mapping[str, Any] | None = None) -> int | None:
+    """Most uses of one experience under priority function ``name`` (``None``: no limit)."""
+    if (name or "linear_decay") != "decay_limit_randomization":
+        return None
+    limit = int(dict(args or {}).get("use_count_limit", 3))
+    return limit if limit > 0 else None
+
+
+PRIORITY_FNS: dict[str, Callable[..., float]] = {
+    "linear_decay": linear_decay,
+    "decay_limit_randomization": decay_limit_randomization,
+}
 
 
 def resolve_priority_fn(
@@ -51,6 +80,8 @@ def resolve_priority_fn(
             f"unknown replay_buffer.priority_fn {name!r}; known: {', '.join(sorted(PRIORITY_FNS))}"
         )
     fn, kwargs = PRIORITY_FNS[name], dict(args or {})
+    if name == "decay_limit_randomization":
+        kwargs.setdefault("rng", random.Random(0))  # seeded: replay order is reproducible
     return lambda version, uses: fn(version, uses, **kwargs)
 
 
@@ -66,7 +97,9 @@ class QueueActor:
         capacity: most rows held in memory; FIFO writers wait for room.
         mirror_url: SQLAlchemy URL to mirror rows to, or ``None``.
         priority: use a priority queue (see the module docstring).
-        priority_fn / priority_fn_args: how priorities are computed (``linear_decay``).
+        priority_fn / priority_fn_args: how priorities are computed (``linear_decay``, or
+            ``decay_limit_randomization``, which also retires an experience after
+            ``use_count_limit`` uses).
         reuse_cooldown_time: seconds before a read row is offered again; ``None`` = never.
     """
 
@@ -85,6 +118,7 @@ class QueueActor:
         self.priority = priority
         self.reuse_cooldown_time = reuse_cooldown_time
         self._prio = resolve_priority_fn(priority_fn, priority_fn_args)
+        self._use_limit = replay_limit(priority_fn, priority_fn_args)
         # (row id in the mirror, blob, explorer step or None when unknown)
         self._fifo: deque[tuple[int | None, bytes, int | None]] = deque()
         # Sorted ascending by (priority, -seq): the best row is last, ties read oldest first.
@@ -97,6 +131,7 @@ class QueueActor:
         self._procs: dict[str, tuple[int, str]] = {}  # writer -> (pid, host) of its process
         self._jobs: set[str] = set()  # the `trinity run` jobs using this queue
         self.dropped = 0
+        self.retired = 0  # experiences replayed as often as the priority function allows
         self.duplicates = 0
         self.mirror = None
         if mirror_url:
@@ -164,6 +199,9 @@ class QueueActor:
         await asyncio.sleep(self.reuse_cooldown_time or 0.0)
         async with self._cond:
             for row_id, blob, version, uses, step in items:
+                if self._use_limit is not None and uses + 1 >= self._use_limit:
+                    self.retired += 1  # used use_count_limit times: not replayed again
+                    continue
                 self._push(row_id, blob, version, uses + 1, step)
             self._cond.notify_all()
 
@@ -350,6 +388,7 @@ class QueueActor:
             "size": self._size(),
             "capacity": self.capacity,
             "dropped": self.dropped,
+            "retired": self.retired,
             "duplicates": self.duplicates,
             "writers": len(self._writers),
             "finished_writers": sum(self._writers.values()),

@@ -12,7 +12,7 @@ StorageType = Literal["file", "queue", "sql"]
 PromptType = Literal["messages", "plaintext"]
 SchemaType = Literal["experience", "sft", "dpo", "cpt"]
 # Names of `trinity.buffer.queue.PRIORITY_FNS` (kept here so loading a config imports no buffer code).
-PRIORITY_FNS: tuple[str, ...] = ("linear_decay",)
+PRIORITY_FNS: tuple[str, ...] = ("linear_decay", "decay_limit_randomization")
 
 
 class FormatConfig(Section):
@@ -88,7 +88,12 @@ class ReplayBufferConfig(Section):
     """Experience reuse in a queue buffer (a priority queue)."""
 
     enable: bool = F(False, "Turn the queue into a priority queue that can replay experiences.")
-    priority_fn: str = F("linear_decay", "Priority function of queued experiences (`linear_decay`).")
+    priority_fn: str = F(
+        "linear_decay",
+        "Priority function of queued experiences: `linear_decay` (model_version - decay * use_count, "
+        "decay 2.0) or `decay_limit_randomization` (the same plus Gaussian noise `sigma`, each "
+        "experience used at most `use_count_limit` (3) times).",
+    )
     reuse_cooldown_time: float | None = F(
         None, "Seconds before an experience may be reused; unset: never reused.", ge=0
     )
