@@ -15,16 +15,6 @@ from trinity.config import load_config
 UPSTREAM = Path(__file__).parent / "upstream_configs" / "async_gsm8k"
 
 
-@pytest.fixture
-def upstream_env(monkeypatch, tmp_path):
-    monkeypatch.setenv("TRINITY_MODEL_PATH", "/models/some-model")
-    monkeypatch.setenv("TRINITY_CHECKPOINT_ROOT_DIR", str(tmp_path / "ckpt"))
-    monkeypatch.setenv("TRINITY_TASKSET_PATH", str(tmp_path / "data"))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.chdir(tmp_path)  # both jobs are started from the same folder
-    return tmp_path
-
-
 def test_the_async_gsm8k_pair_loads_as_two_sides_of_one_run(upstream_env):
     explore = load_config(UPSTREAM / "explorer.yaml")
     train = load_config(UPSTREAM / "trainer.yaml")

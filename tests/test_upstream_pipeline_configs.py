@@ -15,16 +15,6 @@ from trinity.config.errors import ConfigError
 UPSTREAM = Path(__file__).parent / "upstream_configs"
 
 
-@pytest.fixture
-def upstream_env(monkeypatch, tmp_path):
-    monkeypatch.setenv("TRINITY_MODEL_PATH", "/models/some-model")
-    monkeypatch.setenv("TRINITY_CHECKPOINT_ROOT_DIR", str(tmp_path / "ckpt"))
-    monkeypatch.setenv("TRINITY_TASKSET_PATH", str(tmp_path / "data"))
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def test_the_task_pipeline_example_loads_with_its_scoring_model_address(upstream_env, monkeypatch):
     pytest.importorskip("openai", reason="llm_difficulty_score_filter talks to the scoring model with openai")
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")

@@ -371,30 +371,26 @@ class SQLStorage:
             raise ValueError(f"unknown read order {order!r}; use 'fifo' or 'priority'")
         return [t.c.id] if order == "fifo" else [t.c.priority.desc(), t.c.id]
 
-    def fetch_blobs(self, ids: Sequence[int]) -> dict[int, bytes]:
-        """``{id: blob}`` for the given rows."""
+    def _by_id(self, column: Any, ids: Sequence[int]) -> dict[int, Any]:
+        """``{id: column value}`` for the given rows of the table ``column`` belongs to."""
         import sqlalchemy as sa
 
-        out: dict[int, bytes] = {}
-        b = self.blobs
+        out: dict[int, Any] = {}
+        id_column = column.table.c.id
         with self.engine.connect().execution_options(read_only=True) as conn:
             # Chunks stay under every database's bound-parameter limit.
             for start in range(0, len(ids), 5000):
                 chunk = list(ids[start : start + 5000])
-                out.update(conn.execute(sa.select(b.c.id, b.c.blob).where(b.c.id.in_(chunk))).all())
+                out.update(conn.execute(sa.select(id_column, column).where(id_column.in_(chunk))).all())
         return out
+
+    def fetch_blobs(self, ids: Sequence[int]) -> dict[int, bytes]:
+        """``{id: blob}`` for the given rows."""
+        return self._by_id(self.blobs.c.blob, ids)
 
     def explorer_steps(self, ids: Sequence[int]) -> dict[int, int | None]:
         """``{id: explorer_step}`` for the given rows (``None``: not known)."""
-        import sqlalchemy as sa
-
-        out: dict[int, int | None] = {}
-        t = self.table
-        with self.engine.connect().execution_options(read_only=True) as conn:
-            for start in range(0, len(ids), 5000):
-                chunk = list(ids[start : start + 5000])
-                out.update(conn.execute(sa.select(t.c.id, t.c.explorer_step).where(t.c.id.in_(chunk))).all())
-        return out
+        return self._by_id(self.table.c.explorer_step, ids)
 
     def _consumed_by(self, reader_id: str | None, read_seq: int | None, step: int | None) -> dict:
         return {

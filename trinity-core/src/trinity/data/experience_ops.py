@@ -120,8 +120,8 @@ class PassRateCalculator(ExperienceOperator):
         }
 
 
-class RewardFilter(ExperienceOperator):
-    """Keep experiences whose reward is at least ``threshold``."""
+class _ThresholdOperator(ExperienceOperator):
+    """An operator with one argument, ``threshold`` (default 0.0)."""
 
     def __init__(self, threshold: float = 0.0) -> None:
         self.threshold = float(threshold)
@@ -129,22 +129,19 @@ class RewardFilter(ExperienceOperator):
     @classmethod
     def default_args(cls) -> dict[str, Any]:
         return {"threshold": 0.0}
+
+
+class RewardFilter(_ThresholdOperator):
+    """Keep experiences whose reward is at least ``threshold``."""
 
     def process(self, experiences: list[Experience]) -> tuple[list[Experience], dict[str, float]]:
         kept = [e for e in experiences if _valid(e.reward) and e.reward >= self.threshold]
         return kept, {}
 
 
-class RewardSTDFilter(ExperienceOperator):
+class RewardSTDFilter(_ThresholdOperator):
     """Drop whole groups whose reward standard deviation is at most ``threshold`` (all right or
     all wrong: no advantage signal; DAPO's dynamic sampling), and groups of one experience."""
-
-    def __init__(self, threshold: float = 0.0) -> None:
-        self.threshold = float(threshold)
-
-    @classmethod
-    def default_args(cls) -> dict[str, Any]:
-        return {"threshold": 0.0}
 
     def process(self, experiences: list[Experience]) -> tuple[list[Experience], dict[str, float]]:
         kept, dropped_groups = [], 0
