@@ -361,7 +361,7 @@ class Explorer:
             found = found[-1:]
         out = {}
         for step, path in found:
-            self.sync_weights(checkpoint_path=path / _hf_subdir(path), version=step)
+            self.sync_weights(checkpoint_path=path, version=step)
             out[step] = self.eval()
             logger.info("bench step %d: %s", step, out[step])
         return out
@@ -380,7 +380,9 @@ class Explorer:
         if (state_dict is None) == (checkpoint_path is None):
             raise ValueError("sync_weights needs exactly one of state_dict and checkpoint_path")
         if checkpoint_path is not None:
-            checkpoint_path = Path(checkpoint_path) / _hf_subdir(Path(checkpoint_path))
+            from trinity.trainer.checkpoint import hf_weights_dir
+
+            checkpoint_path = hf_weights_dir(checkpoint_path)
         for engine in self.engines:
             if state_dict is not None:
                 engine.update_weights(state_dict, version)
@@ -457,11 +459,3 @@ def _group_by_config(engines: list[RolloutEngine], configs: list[Any]) -> list[l
         groups.append(list(engines[start : start + c.engine_num]))
         start += c.engine_num
     return groups
-
-
-def _hf_subdir(path: Path) -> str:
-    """Checkpoints keep HF weights at the top or in a ``huggingface``/``actor`` subfolder."""
-    for sub in ("", "huggingface", "actor/huggingface", "actor"):
-        if (path / sub / "config.json").is_file():
-            return sub
-    return ""

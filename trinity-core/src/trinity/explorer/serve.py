@@ -216,14 +216,13 @@ class CheckpointWatcher:
 
     def poll(self) -> int | None:
         """Load a newer checkpoint if there is one; returns its step (``None``: nothing new)."""
-        from trinity.explorer.explorer import _hf_subdir
-        from trinity.trainer.checkpoint import find_latest_checkpoint
+        from trinity.trainer.checkpoint import find_latest_checkpoint, hf_weights_dir
 
         found = find_latest_checkpoint(self.job_dir)
         if found is None or found[0] <= self.engine.model_version:
             return None
         step, path = found
-        self.engine.load_checkpoint(str(Path(path) / _hf_subdir(Path(path))), step)
+        self.engine.load_checkpoint(str(hf_weights_dir(path)), step)
         return step
 
 

@@ -20,6 +20,7 @@ import os
 import random
 import re
 import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -48,6 +49,16 @@ def list_checkpoints(job_dir: str | os.PathLike) -> list[tuple[int, str]]:
         if match and os.path.isfile(os.path.join(path, STATE_FILE)):
             found.append((int(match.group(1)), path))
     return sorted(found)
+
+
+def hf_weights_dir(path: str | os.PathLike) -> Path:
+    """The folder of a checkpoint that holds its Hugging Face weights: the checkpoint itself or
+    its ``huggingface`` / ``actor/huggingface`` / ``actor`` subfolder (veRL's layouts)."""
+    path = Path(path)
+    for sub in ("", "huggingface", "actor/huggingface", "actor"):
+        if (path / sub / "config.json").is_file():
+            return path / sub
+    return path
 
 
 def find_latest_checkpoint(job_dir: str | os.PathLike) -> tuple[int, str] | None:
