@@ -1,6 +1,6 @@
-"""Upstream's data-processor examples (stored unchanged under ``upstream_configs/``): the task
-pipeline config loads with its operator built; the experience pipeline config, whose first
-operator runs a Data-Juicer recipe, stops at load with one line naming the key."""
+"""Upstream's data-processor examples (stored unchanged under ``upstream_configs/``) load with
+their operators built: the task pipeline's LLM difficulty filter, the experience pipeline's
+Data-Juicer recipe and reward shaping; what they lack stops them with one line naming the key."""
 
 from __future__ import annotations
 
@@ -33,12 +33,22 @@ def test_the_task_pipeline_example_without_an_address_names_the_operator(upstrea
     assert "args.base_url or $OPENAI_BASE_URL" in message
 
 
-def test_the_experience_pipeline_example_stops_at_its_data_juicer_operator(upstream_env):
+def test_the_experience_pipeline_example_loads_with_its_data_juicer_recipe(upstream_env):
+    pytest.importorskip("data_juicer", reason="Data-Juicer is the optional extra trinity-core[data-juicer]")
+    # The recipe path is relative to where the job starts (the repository root upstream).
+    recipe = upstream_env / "examples" / "grpo_gsm8k_experience_pipeline" / "dj_scoring_exp.yaml"
+    recipe.parent.mkdir(parents=True)
+    recipe.write_text((UPSTREAM / "grpo_gsm8k_experience_pipeline" / "dj_scoring_exp.yaml").read_text())
+    config = load_config(UPSTREAM / "grpo_gsm8k_experience_pipeline" / "gsm8k.yaml")
+    ops = config.data_processor.experience_pipeline.operators
+    assert [op.name for op in ops] == ["data_juicer", "reward_shaping_mapper"]
+    assert ops[0].args["config_path"] == str(recipe)  # absolute: the explorer actor finds it too
+    recipe.unlink()  # without its recipe it stops in one line
     with pytest.raises(ConfigError) as info:
         load_config(UPSTREAM / "grpo_gsm8k_experience_pipeline" / "gsm8k.yaml")
     message = str(info.value)
-    assert "\n" not in message and "data_processor.experience_pipeline.operators[0].name" in message
-    assert "data_juicer operator (Data-Juicer recipes) is not in this version" in message
+    assert "\n" not in message and "data_processor.experience_pipeline.operators[0]" in message
+    assert f"no recipe at {recipe}" in message
 
 
 def test_an_unknown_or_misplaced_operator_fails_at_load(upstream_env, tmp_path):

@@ -1,7 +1,7 @@
 """End to end: one GRPO job with both data-processor pipelines.
 
 The task pipeline turns a raw file (every task twice, plus some too short to keep) into the
-explorer's taskset; the experience pipeline doubles each reward with ``reward_shaping_mapper``
+explorer's taskset; the experience pipeline runs a Data-Juicer operator, doubles each reward with ``reward_shaping_mapper``
 (``varied_reward``'s ``length_class`` stat added once more) and drops the groups whose rollouts
 all scored the same with ``reward_std_filter``. The SQL buffer then holds exactly the shaped
 rewards of the groups kept, the trainer trained on those, and the dropped groups are counted.
@@ -40,6 +40,8 @@ data_processor:
       - name: deduplicator
   experience_pipeline:
     operators:
+      - name: data_juicer  # a real Data-Juicer operator in the explorer actor (keeps every row)
+        args: {{{{process: [{{{{text_length_filter: {{{{min_len: 0}}}}}}}}]}}}}
       - name: reward_shaping_mapper
         args:
           reward_shaping_configs: [{{{{stats_key: length_class, op_type: ADD, weight: 1.0}}}}]
@@ -71,6 +73,7 @@ monitor: {{{{monitor_type: tensorboard}}}}
 def test_task_and_experience_pipelines_shape_what_is_trained(tmp_path, math_job, trinity_run):
     from trinity.monitor.tensorboard import read_scalars
 
+    pytest.importorskip("data_juicer", reason="Data-Juicer is the optional extra trinity-core[data-juicer]")
     root = math_job(tmp_path, train=16, test=2)
     tasks = [json.loads(line) for line in (root / "data" / "train.jsonl").read_text().splitlines()]
     raw = tasks + tasks + [{"question": "1", "answer": "1"}] * 3  # duplicates and too-short rows
@@ -83,6 +86,7 @@ def test_task_and_experience_pipelines_shape_what_is_trained(tmp_path, math_job,
     assert len((job / "task_pipeline" / "train.jsonl").read_text().splitlines()) == len(tasks)
 
     explorer = read_scalars(job / "monitor" / "tensorboard" / "explorer")
+    assert [v for _, v in explorer["pipeline/data_juicer/dropped"]] == [0.0] * STEPS
     dropped_groups = sum(v for _, v in explorer["pipeline/reward_std_filter/dropped_groups"])
     dropped = sum(v for _, v in explorer["pipeline/dropped"])
     written = STEPS * BATCH * REPEAT

@@ -658,12 +658,10 @@ def _check_data_processor(c: Config) -> None:
     for section, operators, contract in pipelines:
         for i, op in enumerate(operators):
             key = f"data_processor.{section}.operators[{i}]"
-            if op.name == "data_juicer":
-                raise ConfigError(
-                    "the data_juicer operator (Data-Juicer recipes) is not in this version; the built-in "
-                    "operators are listed in docs/data.md",
-                    key=f"{key}.name",
-                )
+            path = (op.args or {}).get("config_path")
+            if op.name == "data_juicer" and isinstance(path, str) and path and not os.path.isabs(path):
+                # Relative to where the job starts; the actors' working directory may differ.
+                op.args = {**op.args, "config_path": os.path.abspath(path)}
             try:
                 built = build_operator(op, contract, key)
             except LookupError as exc:

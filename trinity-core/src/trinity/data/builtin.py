@@ -8,9 +8,11 @@ from trinity.hookspecs import Register, hookimpl
 
 @hookimpl
 def register_operators(register: Register) -> None:
-    """The built-in experience and task operators (Trinity-RFT's names)."""
+    """The built-in experience and task operators (Trinity-RFT's names), and ``data_juicer``
+    (both kinds; Data-Juicer itself is the optional extra ``data-juicer``)."""
+    from trinity.data.data_juicer import DataJuicerOperator
     from trinity.data.experience_ops import EXPERIENCE_OPERATORS
     from trinity.data.task_ops import TASK_OPERATORS
 
-    for name, cls in {**EXPERIENCE_OPERATORS, **TASK_OPERATORS}.items():
+    for name, cls in {**EXPERIENCE_OPERATORS, **TASK_OPERATORS, "data_juicer": DataJuicerOperator}.items():
         register(name, cls)
