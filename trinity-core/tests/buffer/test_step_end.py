@@ -628,7 +628,7 @@ def test_pid_alive_tells_running_killed_and_zombie_processes_apart():
     import signal
     import subprocess
 
-    from trinity.buffer.sql import pid_alive
+    from trinity.buffer.base import pid_alive
 
     assert pid_alive(os.getpid())
     proc = subprocess.Popen(["sleep", "60"])

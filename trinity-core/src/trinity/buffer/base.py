@@ -7,7 +7,9 @@ depending on the buffer layer) and are re-exported here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import socket
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from trinity.experience import STEP_ENDED, TIMED_OUT, BufferExhausted, BufferReader
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
     from trinity.experience import Experience
 
 __all__ = [
+    "GONE_WRITER_GRACE_S",
     "STEP_ENDED",
     "TIMED_OUT",
     "BufferExhausted",
@@ -70,3 +73,36 @@ class ReaderBase:
     def set_step(self, step: int | None) -> None:
         """The trainer step the next reads are for; storages that record which step consumed
         a row (SQL: ``consumed_step``) override this."""
+
+
+#: Seconds a read still waits once every open writer's process is gone (killed), for a
+#: restarted explorer to take over; then it returns short (``TIMED_OUT``, its reader's
+#: ``writers_gone`` saying why).
+GONE_WRITER_GRACE_S = 300.0
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): kill(0) succeeded
+
+
+def gone_processes(processes: Iterable[tuple[int | None, str | None]]) -> list[str]:
+    """``pid N on HOST`` for each writer process (``(pid, host)``) on this host that no longer
+    runs; processes on other hosts cannot be seen from here and are never reported gone."""
+    here = socket.gethostname()
+    return [f"pid {pid} on {host}" for pid, host in processes if pid and host == here and not pid_alive(pid)]
+
+
+def writers_gone_line(buffer: str, gone: Sequence[str]) -> str:
+    """Why a read stopped waiting: every writer of ``buffer`` (e.g. ``SQL buffer 'exp'``) is gone."""
+    return f"every writer of {buffer} is gone without finishing ({', '.join(gone)}: killed?) and no explorer took over"

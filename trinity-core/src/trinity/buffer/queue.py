@@ -26,7 +26,16 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trinity.buffer.base import STEP_ENDED, TIMED_OUT, BufferExhausted, ReaderBase, WriterBase
+from trinity.buffer.base import (
+    GONE_WRITER_GRACE_S,
+    STEP_ENDED,
+    TIMED_OUT,
+    BufferExhausted,
+    ReaderBase,
+    WriterBase,
+    gone_processes,
+    writers_gone_line,
+)
 
 if TYPE_CHECKING:
     from trinity.experience import Experience
@@ -369,18 +378,8 @@ class QueueActor:
     def gone_writers(self) -> tuple[int, list[str]]:
         """``(open writers, descriptions of those whose process is gone)``; only writers on
         this actor's host can be seen (see :meth:`trinity.buffer.sql.SQLStorage.gone_writers`)."""
-        import socket
-
-        from trinity.buffer.sql import pid_alive
-
-        here = socket.gethostname()
         open_writers = [w for w, done in self._writers.items() if not done]
-        gone = []
-        for w in open_writers:
-            pid, host = self._procs.get(w, (0, ""))
-            if pid and host == here and not pid_alive(pid):
-                gone.append(f"pid {pid} on {host}")
-        return len(open_writers), gone
+        return len(open_writers), gone_processes(self._procs.get(w, (0, "")) for w in open_writers)
 
     def stats(self) -> dict[str, Any]:
         """Queue length, capacity, dropped rows and writer states (for monitoring/tests)."""
@@ -515,9 +514,8 @@ class QueueReader(ReaderBase):
     with an SQL mirror, :meth:`load_state_dict` queues again the rows read after that state.
     """
 
-    #: Seconds a read still waits once every open writer's process is gone (as
-    #: :attr:`trinity.buffer.sql_io.SQLReader.gone_writer_grace_s`).
-    gone_writer_grace_s: float = 300.0
+    #: Seconds a read still waits once every open writer's process is gone.
+    gone_writer_grace_s: float = GONE_WRITER_GRACE_S
 
     def __init__(self, actor: Any, max_read_timeout: float | None = 1800.0, name: str = "queue") -> None:
         import uuid
@@ -556,10 +554,7 @@ class QueueReader(ReaderBase):
         if self.short_reason == TIMED_OUT:
             count, gone = ray.get(self.actor.gone_writers.remote())
             if count and len(gone) == count:
-                self.writers_gone = (
-                    f"every writer of queue buffer {self.name!r} is gone without finishing "
-                    f"({', '.join(gone)}: killed?) and no explorer took over"
-                )
+                self.writers_gone = writers_gone_line(f"queue buffer {self.name!r}", gone)
         self.rows_read += len(blobs)
         return [Experience.deserialize(b) for b in blobs]
 

@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from trinity.buffer.base import gone_processes
 from trinity.buffer.sql_io import SQLReader, SQLWriter
 from trinity.buffer.sql_schema import (
     ADDED_EXPERIENCE_COLUMNS,
@@ -81,21 +82,6 @@ def _unique_uids(experiences: Sequence[Experience]) -> list[str]:
         seen[uid] = n + 1
         out.append(uid if n == 0 else f"{uid}#{n}")
     return out
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host (a zombie, killed but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: it exists
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True  # no /proc (not Linux): kill(0) succeeded
 
 
 class SQLStorage:
@@ -267,9 +253,7 @@ class SQLStorage:
         w = self.writers
         with self.engine.connect().execution_options(read_only=True) as conn:
             rows = conn.execute(sa.select(w.c.pid, w.c.host).where(w.c.finished_at.is_(None))).all()
-        here = socket.gethostname()
-        gone = [f"pid {pid} on {host}" for pid, host in rows if host == here and pid and not pid_alive(pid)]
-        return len(rows), gone
+        return len(rows), gone_processes(rows)
 
     def unread_of_other_runs(self, run: str) -> tuple[int, str | None]:
         """``(count, one uid)`` of the unread rows not written by run ``run`` (uid prefix)."""

@@ -9,7 +9,15 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trinity.buffer.base import STEP_ENDED, TIMED_OUT, BufferExhausted, ReaderBase, WriterBase
+from trinity.buffer.base import (
+    GONE_WRITER_GRACE_S,
+    STEP_ENDED,
+    TIMED_OUT,
+    BufferExhausted,
+    ReaderBase,
+    WriterBase,
+    writers_gone_line,
+)
 
 if TYPE_CHECKING:
     from trinity.buffer.sql import SQLStorage
@@ -97,7 +105,7 @@ class SQLReader(ReaderBase):
     #: Seconds a read still waits once every open writer's process is gone (killed), for a
     #: restarted explorer to take over; then it returns short (``TIMED_OUT``, with
     #: :attr:`writers_gone` saying why).
-    gone_writer_grace_s: float = 300.0
+    gone_writer_grace_s: float = GONE_WRITER_GRACE_S
     #: Seconds between the checks for gone writers while a read waits.
     gone_writer_check_s: float = 2.0
 
@@ -191,10 +199,7 @@ class SQLReader(ReaderBase):
             self.writers_gone = None
             return None
         if gone_deadline is None:
-            self.writers_gone = (
-                f"every writer of SQL buffer {self.storage.table_name!r} is gone without finishing "
-                f"({', '.join(gone)}: killed?) and no explorer took over"
-            )
+            self.writers_gone = writers_gone_line(f"SQL buffer {self.storage.table_name!r}", gone)
             logger.warning(
                 "SQL buffer %r: its writers (%s) are gone without finishing; waiting up to %g s for a "
                 "restarted explorer",
