@@ -348,7 +348,8 @@ class _StepLoop:
         # Train-only with sync_method nccl (both jobs on one Ray cluster): the broadcast group
         # with the explorer job's explorer actor, found by name in the run's namespace.
         self.peer_sync: WeightTransport | None = None
-        self.peer_state = "not found"  # "not found", "open" or "gone"
+        # "not found" (not looked for yet), "waiting" (said so once), "open" or "gone" (that job ended)
+        self.peer_state = "not found"
 
     def get(self, ref: Any, doing: str) -> Any:
         return _get(self.ray, ref, doing)
