@@ -33,16 +33,26 @@ def test_the_task_pipeline_example_without_an_address_names_the_operator(upstrea
     assert "args.base_url or $OPENAI_BASE_URL" in message
 
 
-def test_the_experience_pipeline_example_loads_with_its_data_juicer_recipe(upstream_env):
+def test_the_experience_pipeline_example_loads_with_its_data_juicer_recipe(upstream_env, monkeypatch):
     pytest.importorskip("data_juicer", reason="Data-Juicer is the optional extra trinity-core[data-juicer]")
     # The recipe path is relative to where the job starts (the repository root upstream).
     recipe = upstream_env / "examples" / "grpo_gsm8k_experience_pipeline" / "dj_scoring_exp.yaml"
     recipe.parent.mkdir(parents=True)
     recipe.write_text((UPSTREAM / "grpo_gsm8k_experience_pipeline" / "dj_scoring_exp.yaml").read_text())
+    # Its llm_quality_score_filter scores with qwen2.5-32b-instruct: without an address for it
+    # every experience would score 0 (Data-Juicer logs the failed call and goes on).
+    with pytest.raises(ConfigError) as info:
+        load_config(UPSTREAM / "grpo_gsm8k_experience_pipeline" / "gsm8k.yaml")
+    message = str(info.value)
+    assert "\n" not in message and "data_processor.experience_pipeline.operators[0]" in message
+    assert "llm_quality_score_filter calls model 'qwen2.5-32b-instruct'" in message
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")  # as upstream's users set it
     config = load_config(UPSTREAM / "grpo_gsm8k_experience_pipeline" / "gsm8k.yaml")
     ops = config.data_processor.experience_pipeline.operators
     assert [op.name for op in ops] == ["data_juicer", "reward_shaping_mapper"]
     assert ops[0].args["config_path"] == str(recipe)  # absolute: the explorer actor finds it too
+    # It names a running Data-Juicer service (upstream starts it by hand); it is used, not ignored.
+    assert config.service.data_juicer.server_url == "http://127.0.0.1:5005"
     recipe.unlink()  # without its recipe it stops in one line
     with pytest.raises(ConfigError) as info:
         load_config(UPSTREAM / "grpo_gsm8k_experience_pipeline" / "gsm8k.yaml")

@@ -1,7 +1,8 @@
 """End to end: one GRPO job with both data-processor pipelines.
 
 The task pipeline turns a raw file (every task twice, plus some too short to keep) into the
-explorer's taskset; the experience pipeline runs a Data-Juicer operator, doubles each reward with ``reward_shaping_mapper``
+explorer's taskset; the experience pipeline runs a Data-Juicer recipe in an auto-started
+Data-Juicer service (its LLM operator scoring with the job's auxiliary model ``judge``), doubles each reward with ``reward_shaping_mapper``
 (``varied_reward``'s ``length_class`` stat added once more) and drops the groups whose rollouts
 all scored the same with ``reward_std_filter``. The SQL buffer then holds exactly the shaped
 rewards of the groups kept, the trainer trained on those, and the dropped groups are counted.
@@ -40,8 +41,13 @@ data_processor:
       - name: deduplicator
   experience_pipeline:
     operators:
-      - name: data_juicer  # a real Data-Juicer operator in the explorer actor (keeps every row)
-        args: {{{{process: [{{{{text_length_filter: {{{{min_len: 0}}}}}}}}]}}}}
+      - name: data_juicer  # real Data-Juicer operators, in the service the explorer started
+        args:
+          process:
+            - text_length_filter: {{{{min_len: 0}}}}
+            # Scores each experience with the auxiliary model `judge`, served by the job; the
+            # tiny judge's replies hold no scores, so every score is 0 and every row is kept.
+            - llm_quality_score_filter: {{{{api_or_hf_model: judge, min_score: 0.0, try_num: 1}}}}
       - name: reward_shaping_mapper
         args:
           reward_shaping_configs: [{{{{stats_key: length_class, op_type: ADD, weight: 1.0}}}}]
@@ -64,6 +70,11 @@ explorer:
   eval_on_startup: false
   runner_per_model: 2
   rollout_model: {{{{engine_type: transformers, dtype: float32, seed: 1}}}}
+  auxiliary_models:
+    - {{{{name: judge, model_path: {{root}}/model, engine_type: transformers, dtype: float32,
+        max_prompt_tokens: 3500, max_response_tokens: 4, enable_log_requests: true}}}}
+service:
+  data_juicer: {{{{auto_start: true}}}}
 synchronizer: {{{{sync_method: memory, sync_interval: 1}}}}
 trainer: {{{{trainer_type: native, save_interval: 0, dtype: float32}}}}
 monitor: {{{{monitor_type: tensorboard}}}}
@@ -87,6 +98,11 @@ def test_task_and_experience_pipelines_shape_what_is_trained(tmp_path, math_job,
 
     explorer = read_scalars(job / "monitor" / "tensorboard" / "explorer")
     assert [v for _, v in explorer["pipeline/data_juicer/dropped"]] == [0.0] * STEPS
+    # The recipe ran in the Data-Juicer service, and its LLM operator asked the judge once per
+    # experience (try_num 1) through the judge's OpenAI API in the explorer actor.
+    log = (job / "log" / "explorer.log").read_text()
+    assert "Data-Juicer service started at http://127.0.0.1:" in log
+    assert log.count("judge POST /v1/chat/completions 200") == STEPS * BATCH * REPEAT, log[-3000:]
     dropped_groups = sum(v for _, v in explorer["pipeline/reward_std_filter/dropped_groups"])
     dropped = sum(v for _, v in explorer["pipeline/dropped"])
     written = STEPS * BATCH * REPEAT

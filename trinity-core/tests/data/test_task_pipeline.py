@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from trinity.config import load_config
+from trinity.data.operator import OperatorContext
 from trinity.data.task_ops import TASK_OPERATORS
 from trinity.data.tasks import apply_task_pipeline, run_task_pipeline
 from trinity.testing import check_component
@@ -183,5 +184,10 @@ def test_llm_difficulty_score_filter_needs_a_model_and_an_address(monkeypatch):
     cls = TASK_OPERATORS["llm_difficulty_score_filter"]
     with pytest.raises(ValueError, match="needs api_or_hf_model"):
         cls()
-    with pytest.raises(ValueError, match=r"args.base_url or \$OPENAI_BASE_URL"):
-        cls(api_or_hf_model="m")
+    op = cls(api_or_hf_model="m")  # the address is resolved when the job binds it
+    with pytest.raises(
+        ValueError, match=r"'m' is not one of explorer.auxiliary_models .* args.base_url or \$OPENAI_BASE_URL"
+    ):
+        op.bind(OperatorContext())
+    op.bind(OperatorContext(model_url={"m": "http://127.0.0.1:9/v1"}.get))  # served by the job
+    assert op.base_url == "http://127.0.0.1:9/v1"

@@ -58,6 +58,16 @@ class NoEffect:
     active: Callable[[Any, Any, Any], bool] = _differs
 
 
+def _runs_data_juicer(root: Any) -> bool:
+    """Whether a pipeline of ``root`` (a config or stage) has a ``data_juicer`` operator."""
+    dp = getattr(root, "data_processor", None)
+    if dp is None:
+        return False
+    tp, ep = dp.task_pipeline, dp.experience_pipeline
+    ops = [*(tp.operators if tp else []), *(ep.operators if ep else [])]
+    return bool(tp and tp.config_path) or any(op.name == "data_juicer" for op in ops)
+
+
 def _inference(field: str, reason: str, active: Callable[[Any, Any, Any], bool] = _differs) -> list[NoEffect]:
     """The same key of the rollout model and of every auxiliary model."""
     return [
@@ -224,10 +234,10 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect("synchronizer.wait_for_checkpoint", "not implemented"),
     NoEffect("synchronizer.explorer_world_size", "derived for Trinity-RFT compatibility; not read"),
     NoEffect("log.save_dir", "derived: actor logs always go to `<job_dir>/log`"),
-    NoEffect("service.data_juicer", "Data-Juicer is not run by this version (no data_juicer operator)"),
     NoEffect(
-        "data_processor.task_pipeline.config_path",
-        "a Data-Juicer recipe; Data-Juicer is not run by this version",
+        "service.data_juicer",
+        "no data_juicer operator runs (neither pipeline has one)",
+        lambda value, default, root: value is not None and not _runs_data_juicer(root),
     ),
     NoEffect(
         "data_processor.task_pipeline.priority_weights",

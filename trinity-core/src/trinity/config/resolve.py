@@ -642,22 +642,36 @@ def _check_sync(c: Config) -> None:
 
 def _check_data_processor(c: Config) -> None:
     """Every operator of the task and experience pipelines is a registered operator of the
-    right contract, with arguments it accepts (the operators are built here once, so a typo
-    fails at start, not after the first explore step)."""
+    right contract, with arguments it accepts, and what it needs from the job is there (the
+    operators are built and bound here once, starting nothing, so a typo or a scoring model
+    without an address fails at start, not after the first explore step)."""
     from trinity.data.operator import ExperienceOperator, TaskOperator
-    from trinity.data.pipeline import build_operator
+    from trinity.data.pipeline import build_operator, operator_context
+    from trinity.data.served_models import dry_run_url
+    from trinity.data.tasks import task_operators
 
     dp = c.data_processor
     if dp is None:
         return
+    service = c.service.data_juicer
+    if service is not None and not (service.auto_start or service.server_url):
+        raise ConfigError(
+            "needs server_url (a running service) or auto_start: true", key="service.data_juicer"
+        )
     pipelines = []
     if dp.task_pipeline is not None:
-        pipelines.append(("task_pipeline", dp.task_pipeline.operators, TaskOperator))
+        tp = dp.task_pipeline
+        if tp.config_path and not os.path.isabs(tp.config_path):
+            tp.config_path = os.path.abspath(tp.config_path)
+        pipelines.append(("task_pipeline", task_operators(tp), TaskOperator))
     if dp.experience_pipeline is not None:
         pipelines.append(("experience_pipeline", dp.experience_pipeline.operators, ExperienceOperator))
+    context = operator_context(c, dry_run_url(c.explorer.auxiliary_models), dry_run=True)
     for section, operators, contract in pipelines:
         for i, op in enumerate(operators):
             key = f"data_processor.{section}.operators[{i}]"
+            if section == "task_pipeline" and dp.task_pipeline.config_path:
+                key = "data_processor.task_pipeline.config_path"
             path = (op.args or {}).get("config_path")
             if op.name == "data_juicer" and isinstance(path, str) and path and not os.path.isabs(path):
                 # Relative to where the job starts; the actors' working directory may differ.
@@ -668,4 +682,9 @@ def _check_data_processor(c: Config) -> None:
                 raise ConfigError(str(exc).split(" More ")[0], key=f"{key}.name") from None
             except ValueError as exc:
                 raise ConfigError(str(exc).removeprefix(f"{key}: "), key=key) from None
-            built.close()
+            try:
+                built.bind(context)
+            except ValueError as exc:
+                raise ConfigError(str(exc), key=key) from None
+            finally:
+                built.close()

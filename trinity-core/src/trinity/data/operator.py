@@ -6,17 +6,44 @@ pipeline counts the drops) and report metrics. A :class:`TaskOperator` sees task
 dicts, as read from the taskset file) in batches before exploring: it maps or filters them.
 
 Both are built as ``cls(**args)`` with ``args`` = ``default_args()`` updated by the config's
-``args``, so an unknown argument fails at start with the operator named. Plugins register
-more through the ``register_operators`` hook (``docs/data.md`` has a worked example).
+``args``, so an unknown argument fails at start with the operator named. Before its first
+batch an operator is given the job's services through :meth:`Operator.bind` (the address of
+each auxiliary model the job serves, the Data-Juicer service). Plugins register more through
+the ``register_operators`` hook (``docs/data.md`` has a worked example).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from trinity.config.sections.data import DataJuicerServiceConfig
     from trinity.experience import Experience
+
+
+def _no_model(name: str) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class OperatorContext:
+    """What the job offers its operators (see :meth:`Operator.bind`).
+
+    Attributes:
+        model_url: ``model_url(name)`` is the OpenAI-compatible base URL (``.../v1``) of the
+            model ``name`` when this job serves it (an ``explorer.auxiliary_models`` entry whose
+            ``name`` or ``model_path`` is ``name``; started on first request), else ``None``.
+        data_juicer: the job's ``service.data_juicer`` settings (``None``: run recipes in-process).
+        dry_run: the config is only being checked (``trinity run`` at load, ``--dry-run``): resolve
+            names and fail on what is missing, but start and connect to nothing; ``model_url``
+            then returns a placeholder for the models the job would serve.
+    """
+
+    model_url: Callable[[str], str | None] = _no_model
+    data_juicer: DataJuicerServiceConfig | None = None
+    dry_run: bool = False
 
 
 class Operator:
@@ -29,6 +56,11 @@ class Operator:
     def default_args(cls) -> dict[str, Any]:
         """Arguments used where the config gives none (shown by the studio and the docs)."""
         return {}
+
+    def bind(self, context: OperatorContext) -> None:
+        """Take what the job offers before the first batch: e.g. point an LLM scorer at an
+        auxiliary model served by this job (``context.model_url(name)``). Raise ``ValueError``
+        (one line) for what the operator needs and cannot get. The default takes nothing."""
 
     def close(self) -> None:
         """Release what the operator holds (clients, processes); called once at the end."""

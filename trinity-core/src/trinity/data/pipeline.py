@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trinity.buffer.base import BufferWriter
     from trinity.config import Config, OperatorConfig
-    from trinity.data.operator import ExperienceOperator, Operator
+    from trinity.data.operator import ExperienceOperator, Operator, OperatorContext
     from trinity.experience import Experience
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,28 @@ def build_operator(op: OperatorConfig, contract: type[Operator], where: str) -> 
         raise ValueError(f"{where}: operator {op.name!r} rejects its args {sorted(args)}: {exc}") from None
 
 
+def bind_operators(named: Sequence[tuple[str, Operator]], context: OperatorContext, key: str) -> None:
+    """:meth:`~trinity.data.operator.Operator.bind` each operator in order; on a failure the
+    operators are closed (an auto-started service stops) and ``ValueError`` names the key."""
+    for i, (name, op) in enumerate(named):
+        try:
+            op.bind(context)
+        except Exception as exc:
+            for _, other in named:
+                other.close()
+            message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            raise ValueError(f"{key}[{i}] ({name}): {message}") from None
+
+
+def operator_context(
+    config: Config, model_url: Callable[[str], str | None], *, dry_run: bool = False
+) -> OperatorContext:
+    """The :class:`~trinity.data.operator.OperatorContext` of ``config``'s job."""
+    from trinity.data.operator import OperatorContext
+
+    return OperatorContext(model_url=model_url, data_juicer=config.service.data_juicer, dry_run=dry_run)
+
+
 def _contract_name(cls: type) -> str:
     from trinity.data.operator import ExperienceOperator, TaskOperator
 
@@ -60,12 +82,22 @@ class ExperiencePipeline:
     removed), ``pipeline/dropped`` (all removed) and ``pipeline/seconds``.
     """
 
-    def __init__(self, operators: Sequence[tuple[str, ExperienceOperator]]) -> None:
+    def __init__(
+        self, operators: Sequence[tuple[str, ExperienceOperator]], resources: Sequence[Any] = ()
+    ) -> None:
         self.operators = list(operators)
+        self.resources = list(resources)  # closed after the operators (served models)
 
     @classmethod
-    def from_config(cls, config: Config) -> ExperiencePipeline | None:
-        """The pipeline of ``config.data_processor.experience_pipeline``; ``None`` without operators."""
+    def from_config(
+        cls,
+        config: Config,
+        model_url: Callable[[str], str | None] | None = None,
+        resources: Sequence[Any] = (),
+    ) -> ExperiencePipeline | None:
+        """The pipeline of ``config.data_processor.experience_pipeline``, its operators bound to
+        the job's services (``model_url``: see :class:`~trinity.data.operator.OperatorContext`);
+        ``None`` without operators."""
         from trinity.data.operator import ExperienceOperator
 
         pipeline = config.data_processor.experience_pipeline if config.data_processor else None
@@ -76,7 +108,13 @@ class ExperiencePipeline:
             (op.name, build_operator(op, ExperienceOperator, f"{key}[{i}]"))
             for i, op in enumerate(pipeline.operators)
         ]
-        return cls(ops)  # type: ignore[arg-type]
+        try:
+            bind_operators(ops, operator_context(config, model_url or (lambda name: None)), key)
+        except ValueError:
+            for resource in resources:
+                resource.close()
+            raise
+        return cls(ops, resources)  # type: ignore[arg-type]
 
     def process(self, experiences: list[Experience]) -> tuple[list[Experience], dict[str, float]]:
         start = time.perf_counter()
@@ -101,6 +139,8 @@ class ExperiencePipeline:
     def close(self) -> None:
         for _, op in self.operators:
             op.close()
+        for resource in self.resources:
+            resource.close()
 
 
 class PipelineWriter:
@@ -136,9 +176,14 @@ class PipelineWriter:
         return {**self.inner.metrics(), **self.last, "pipeline/dropped_total": float(self.dropped)}
 
 
-def with_experience_pipeline(config: Config, writer: BufferWriter) -> BufferWriter:
-    """``writer`` behind the configured experience pipeline (``writer`` itself when there is none)."""
-    pipeline = ExperiencePipeline.from_config(config)
+def with_experience_pipeline(config: Config, writer: BufferWriter, served: Any = None) -> BufferWriter:
+    """``writer`` behind the configured experience pipeline (``writer`` itself when there is none).
+
+    ``served``: a :class:`~trinity.data.served_models.ServedModels` whose auxiliary models the
+    operators may call (closed with the pipeline)."""
+    pipeline = ExperiencePipeline.from_config(
+        config, served.url if served is not None else None, [served] if served is not None else ()
+    )
     if pipeline is None:
         return writer
     settings = config.data_processor.experience_pipeline

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from trinity.data.operator import TaskOperator
+from trinity.data.operator import OperatorContext, TaskOperator
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +99,10 @@ class LLMDifficultyScoreFilter(TaskOperator):
     keep rows whose score lies in ``[min_score, max_score]`` (Trinity-RFT's / Data-Juicer's
     ``llm_difficulty_score_filter``). The score is stored in the row as ``difficulty_score``.
 
-    ``api_or_hf_model`` is the served model's name; ``base_url`` / ``api_key`` default to
-    ``$OPENAI_BASE_URL`` / ``$OPENAI_API_KEY`` (as Data-Juicer's API operators read them).
+    ``api_or_hf_model`` is the scoring model's name. When it names one of
+    ``explorer.auxiliary_models`` (its ``name`` or ``model_path``) the job serves that model and
+    the filter uses it; otherwise ``base_url`` / ``api_key`` default to ``$OPENAI_BASE_URL`` /
+    ``$OPENAI_API_KEY`` (as Data-Juicer's API operators read them). An explicit ``base_url`` wins.
     ``input_keys`` are shown to the model under ``field_names``. A row whose reply holds no
     number is kept or dropped as ``keep_unscored`` says, and counted (``unscored``).
     """
@@ -129,11 +131,7 @@ class LLMDifficultyScoreFilter(TaskOperator):
         self.field_names = list(field_names or self.input_keys)
         if len(self.field_names) != len(self.input_keys):
             raise ValueError("field_names must name each of input_keys")
-        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL")
-        if not self.base_url:
-            raise ValueError(
-                "llm_difficulty_score_filter needs the scoring model's address: args.base_url or $OPENAI_BASE_URL"
-            )
+        self.base_url = base_url  # or the served auxiliary model's, or $OPENAI_BASE_URL: see bind
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self.concurrency, self.keep_unscored, self.timeout = max(1, int(concurrency)), keep_unscored, timeout
         import importlib.util
@@ -144,6 +142,27 @@ class LLMDifficultyScoreFilter(TaskOperator):
     @classmethod
     def default_args(cls) -> dict[str, Any]:
         return {"api_or_hf_model": "", "min_score": 0.0, "max_score": 1.0, "input_keys": ["question"]}
+
+    def bind(self, context: OperatorContext) -> None:
+        if self.base_url:
+            return
+        served = context.model_url(self.model)
+        if served is not None:
+            self.base_url = served
+            if not context.dry_run:
+                logger.info(
+                    "llm_difficulty_score_filter: scoring with %r served by this job at %s",
+                    self.model,
+                    served,
+                )
+            return
+        self.base_url = os.environ.get("OPENAI_BASE_URL")
+        if not self.base_url:
+            raise ValueError(
+                f"llm_difficulty_score_filter: model {self.model!r} is not one of explorer.auxiliary_models "
+                "(by name or model_path) and has no address: add it as an auxiliary model, or set "
+                "args.base_url or $OPENAI_BASE_URL"
+            )
 
     def _ask(self, client: Any, row: dict[str, Any]) -> float | None:
         task = "\n".join(
@@ -166,6 +185,8 @@ class LLMDifficultyScoreFilter(TaskOperator):
     def process(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, float]]:
         import openai
 
+        if not self.base_url:
+            self.bind(OperatorContext())  # used outside a pipeline: $OPENAI_BASE_URL or one line
         client = openai.OpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout)
         with ThreadPoolExecutor(self.concurrency) as pool:
             scores = list(pool.map(lambda row: self._ask(client, row), rows))

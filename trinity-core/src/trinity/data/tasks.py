@@ -8,6 +8,11 @@ operators in order and writes ``<job dir>/task_pipeline/<split>.jsonl``. The out
 ``manifest.json`` beside it records what produced it (inputs' sizes and times, the operators
 and their arguments): a resumed or repeated job whose pipeline did not change reuses the file
 instead of recomputing it (LLM scoring can take hours).
+
+``config_path`` (a Data-Juicer recipe) replaces ``operators`` with one ``data_juicer`` operator
+running that recipe, as in Trinity-RFT. An operator scoring with one of
+``explorer.auxiliary_models`` gets that model served here, in the driver, for the pipeline's
+run (:mod:`trinity.data.served_models`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trinity.config import Config, TaskPipelineConfig
+    from trinity.config import Config
+    from trinity.config.sections.data import OperatorConfig, TaskPipelineConfig
     from trinity.data.operator import TaskOperator
 
 logger = logging.getLogger(__name__)
@@ -38,7 +44,7 @@ def _fingerprint(tp: TaskPipelineConfig, inputs: list[str]) -> str:
 
     desc = {
         "inputs": [stat(p) for p in inputs],
-        "operators": [{"name": op.name, "args": op.args} for op in tp.operators],
+        "operators": [{"name": op.name, "args": op.args} for op in task_operators(tp)],
         "target_fields": list(tp.target_fields),
         "top_k": tp.top_k,
     }
@@ -89,14 +95,24 @@ def read_inputs(inputs: list[str], target_fields: list[str], split: str) -> tupl
     return rows, skipped
 
 
+def task_operators(tp: TaskPipelineConfig) -> list[OperatorConfig]:
+    """The operators ``tp`` runs: a ``data_juicer`` operator for ``config_path``, else ``operators``."""
+    from trinity.config.sections.data import OperatorConfig
+
+    if tp.config_path:
+        return [OperatorConfig(name="data_juicer", args={"config_path": tp.config_path})]
+    return list(tp.operators)
+
+
 def run_task_pipeline(config: Config) -> tuple[str, dict[str, float]] | None:
     """Run ``config``'s task pipeline (or reuse its cached output); returns the output folder and
     the pipeline's counts, or ``None`` when there is no task pipeline to run."""
     from trinity.data.operator import TaskOperator
-    from trinity.data.pipeline import build_operator
+    from trinity.data.pipeline import bind_operators, build_operator, operator_context
+    from trinity.data.served_models import ServedModels
 
     tp = config.data_processor.task_pipeline if config.data_processor else None
-    if tp is None or not tp.operators:
+    if tp is None or not task_operators(tp):
         return None
     output = tp.output or (config.buffer.explorer_input.tasksets or [None])[0]
     if output is None:
@@ -117,18 +133,23 @@ def run_task_pipeline(config: Config) -> tuple[str, dict[str, float]] | None:
         if manifest.get("fingerprint") == fingerprint:
             logger.info("task pipeline: reusing %s (inputs and operators unchanged)", out_file)
             return folder, {k: float(v) for k, v in manifest.get("counts", {}).items()}
+    key = "data_processor.task_pipeline.operators"
     ops = [
-        (op.name, build_operator(op, TaskOperator, f"data_processor.task_pipeline.operators[{i}]"))
-        for i, op in enumerate(tp.operators)
+        (op.name, build_operator(op, TaskOperator, f"{key}[{i}]")) for i, op in enumerate(task_operators(tp))
     ]
     rows, skipped = read_inputs(inputs, list(tp.target_fields), split)
     counts: dict[str, float] = {"input_rows": float(len(rows) + skipped), "skipped_rows": float(skipped)}
-    for name, op in ops:
-        before = len(rows)
-        rows, metrics = _run_batches(op, rows, tp.num_process)  # type: ignore[arg-type]
-        counts[f"{name}/dropped"] = float(before - len(rows))
-        counts.update({f"{name}/{k}": float(v) for k, v in metrics.items()})
-        op.close()
+    with ServedModels(config.explorer.auxiliary_models) as served:
+        bind_operators(ops, operator_context(config, served.url), key)
+        try:
+            for name, op in ops:
+                before = len(rows)
+                rows, metrics = _run_batches(op, rows, tp.num_process)  # type: ignore[arg-type]
+                counts[f"{name}/dropped"] = float(before - len(rows))
+                counts.update({f"{name}/{k}": float(v) for k, v in metrics.items()})
+        finally:
+            for _, op in ops:
+                op.close()
     if tp.top_k > 0:
         rows = rows[: tp.top_k]
     counts["output_rows"] = float(len(rows))

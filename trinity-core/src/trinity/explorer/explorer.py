@@ -157,6 +157,7 @@ class Explorer:
         else:
             aux_groups = _group_by_config(auxiliary_engines, aux_configs)
         self.auxiliary_engines = [e for group in aux_groups for e in group]
+        self._auxiliary_engine_groups = aux_groups
         # One wrapper per runner (sharing the engine): a wrapper's history and OpenAI server
         # then belong to one workflow at a time, never to two tasks running concurrently.
         per_engine = ex.runner_per_model
@@ -201,13 +202,17 @@ class Explorer:
         if self._writer is None:
             from trinity.buffer.factory import get_buffer_writer, run_name
             from trinity.data.pipeline import with_experience_pipeline
+            from trinity.data.served_models import ServedModels
 
             buffer = self.config.buffer
             writer = get_buffer_writer(
                 buffer.trainer_input.experience_buffer, cache_dir=buffer.cache_dir, run=run_name(self.config)
             )
-            # data_processor.experience_pipeline runs here, on each step's experiences.
-            self._writer = with_experience_pipeline(self.config, writer)
+            # data_processor.experience_pipeline runs here, on each step's experiences; its LLM
+            # operators may call the auxiliary models loaded above (served on first request).
+            groups = self._auxiliary_engine_groups
+            served = ServedModels(self.config.explorer.auxiliary_models, engine_for=lambda i: groups[i][0])
+            self._writer = with_experience_pipeline(self.config, writer, served)
         return self._writer
 
     @property

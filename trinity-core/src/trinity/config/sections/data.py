@@ -11,18 +11,29 @@ from trinity.config.sections.buffer import ExperienceBufferConfig, TasksetConfig
 
 
 class DataJuicerServiceConfig(Section):
-    """The Data-Juicer server."""
+    """Where `data_juicer` operators run their recipes: a Data-Juicer service
+    (`python -m trinity.data.dj_server`) instead of in-process."""
 
-    server_url: str | None = F(None, "URL of a running Data-Juicer server.")
-    auto_start: bool = F(False, "Start a Data-Juicer server automatically.")
-    port: int | None = F(None, "Port of an auto-started server; unset picks a free one.", ge=0, le=65535)
+    server_url: str | None = F(
+        None,
+        "URL of a running service (`python -m trinity.data.dj_server`); its token from `$TRINITY_DJ_TOKEN`.",
+    )
+    auto_start: bool = F(
+        False, "Start a service on 127.0.0.1 in each process that runs a data_juicer operator; stopped after."
+    )
+    port: int | None = F(
+        None,
+        "Port of an auto-started service; unset: the port of `server_url`, else a free one.",
+        ge=0,
+        le=65535,
+    )
 
 
 class ServiceConfig(Section):
     """External services."""
 
     data_juicer: DataJuicerServiceConfig | None = F(
-        None, "Data-Juicer service. Has no effect in this version."
+        None, "Data-Juicer service for the `data_juicer` operators; unset: recipes run in-process."
     )
 
 
@@ -40,8 +51,7 @@ class TaskPipelineConfig(Section):
     operators: list[OperatorConfig] = F([], "Operators, applied in order.")
     num_process: int = F(4, "Worker processes the operators' batches are spread over.", ge=1)
     config_path: str | None = F(
-        None,
-        "Data-Juicer config file; overrides `operators` and `num_process`. Has no effect in this version.",
+        None, "Data-Juicer recipe run as one `data_juicer` operator; overrides `operators` and `num_process`."
     )
     inputs: list[str] = F([], "Raw input files (jsonl, json, parquet, csv or dataset folders).")
     output: TasksetConfig | None = F(
