@@ -41,7 +41,9 @@ def install_trinity(session: nox.Session, extras: str = "dev") -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole test suite (all packages, cross-package and end-to-end tests)."""
-    install_trinity(session, "dev,data-juicer")  # Data-Juicer: the data_juicer operator's tests
+    # Data-Juicer: the data_juicer operator's tests; studio: `trinity studio` (selenium, for its
+    # browser tests, is in dev).
+    install_trinity(session, "dev,data-juicer,studio")
     session.run(
         "pytest", *(session.posargs or ["-q"]), env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     )

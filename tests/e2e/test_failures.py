@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from trinity.run_status import read_run_status
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CONFIG = """
@@ -138,6 +140,8 @@ def test_dead_actor_fails_the_job_cleanly(root, job_env):
     assert "job failed: explorer step: an actor died" in out
     assert "Traceback" not in out
     assert not _wait_gone(proc.pid), "Ray processes were left running"
+    status = read_run_status(root / "ckpt" / "e2e" / "dying")  # what the studio's Runs page shows
+    assert status["status"] == "failed" and "an actor died" in status["reason"]
 
 
 def test_ctrl_c_stops_the_job_cleanly(root, job_env):
@@ -157,6 +161,7 @@ def test_ctrl_c_stops_the_job_cleanly(root, job_env):
     assert proc.returncode == 130, "".join(lines)[-2000:] + out[-2000:]
     assert "interrupted" in out
     assert not _wait_gone(proc.pid), "Ray processes were left running"
+    assert read_run_status(root / "ckpt" / "e2e" / "interrupted")["status"] == "interrupted"
 
 
 def test_ctrl_c_gives_back_the_rows_of_the_unfinished_train_step(root, job_env, tmp_path):

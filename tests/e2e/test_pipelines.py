@@ -16,6 +16,8 @@ import textwrap
 
 import pytest
 
+from trinity.run_status import read_run_status
+
 from .conftest import PLUGINS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -94,6 +96,7 @@ def test_task_and_experience_pipelines_shape_what_is_trained(tmp_path, math_job,
     out = trinity_run(root / "job.yaml", "--plugin-dir", str(PLUGINS)).stdout
     assert f"[trinity] task pipeline: {len(raw)} rows -> {len(tasks)} tasks" in out, out[-2000:]
     job = root / "ckpt" / "e2e" / "pipelines"
+    assert read_run_status(job)["status"] == "finished"
     assert len((job / "task_pipeline" / "train.jsonl").read_text().splitlines()) == len(tasks)
 
     explorer = read_scalars(job / "monitor" / "tensorboard" / "explorer")

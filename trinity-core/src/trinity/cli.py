@@ -1,8 +1,9 @@
 """The ``trinity`` command.
 
 Kept light on purpose: ``trinity --help`` and ``trinity plugins`` import no torch, ray or
-transformers. Heavy subcommands (``debug``, ``buffer``) are imported only when invoked, and
-``run`` imports the launcher only after the config has been validated.
+transformers. The subcommands in ``_LAZY_COMMANDS`` (``debug``, ``buffer``, ``log``, ``convert``)
+are imported only when invoked, and ``run`` imports the launcher only after the config has been
+validated.
 """
 
 from __future__ import annotations
@@ -18,8 +19,19 @@ from trinity import __version__
 
 # name -> (module, attribute, short help); imported only when the subcommand is used.
 _LAZY_COMMANDS = {
-    "debug": ("trinity.explorer.debug", "debug", "Run a workflow on a few tasks in one process."),
+    "debug": (
+        "trinity.explorer.debug",
+        "debug",
+        "Try a workflow on a few tasks, serve the job's models, or view experiences.",
+    ),
     "buffer": ("trinity.buffer.cli", "buffer_group", "Inspect experience buffers."),
+    "studio": ("trinity.studio.cli", "studio", "Configure, launch and inspect runs in the browser."),
+    "log": ("trinity.logs", "log_command", "Print a run's actor logs merged by time."),
+    "convert": (
+        "trinity.trainer.convert",
+        "convert_command",
+        "Convert a veRL FSDP checkpoint to a Hugging Face model folder.",
+    ),
 }
 
 EXIT_CONFIG_ERROR = 2
@@ -159,7 +171,12 @@ def _load_config_or_exit(config_path: str):
 
 @cli.command()
 @click.option(
-    "--config", "config_path", required=True, type=click.Path(dir_okay=False), help="The job's YAML config."
+    "-c",
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The job's YAML config.",
 )
 @click.option(
     "--plugin-dir",

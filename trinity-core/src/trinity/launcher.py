@@ -97,12 +97,9 @@ def _init_ray(config: Config) -> Any:
 
 
 def run_stage(config: Config) -> StageResult:
-    """Run one stage (one resolved config) to completion."""
-    from trinity.actors import ExplorerActor, TrainerActor
-    from trinity.buffer.factory import check_buffer_is_free
-    from trinity.monitor import get_monitor, get_monitors
-    from trinity.placement import actor_resources, cpu_shares, runs
-    from trinity.sync import Synchronizer
+    """Run one stage (one resolved config) to completion, recording its status in
+    ``<job dir>/run_status.json`` (:mod:`trinity.run_status`)."""
+    from trinity.run_status import write_run_status
     from trinity.trainer.checkpoint import apply_continue_rule
 
     renamed = apply_continue_rule(config)
@@ -114,6 +111,29 @@ def run_stage(config: Config) -> StageResult:
             flush=True,
         )
         config = renamed
+    if config.mode == "bench":
+        return _run_stage(config)  # it evaluates another run's folder: that run's status stands
+    job_dir = config.checkpoint_job_dir
+    write_run_status(job_dir, "running")
+    try:
+        result = _run_stage(config)
+    except KeyboardInterrupt:
+        write_run_status(job_dir, "interrupted", "stopped by SIGINT")
+        raise
+    except BaseException as exc:
+        write_run_status(job_dir, "failed", str(exc).split("\n")[0] or type(exc).__name__)
+        raise
+    write_run_status(job_dir, "failed" if result.shortfall else "finished", result.shortfall)
+    return result
+
+
+def _run_stage(config: Config) -> StageResult:
+    from trinity.actors import ExplorerActor, TrainerActor
+    from trinity.buffer.factory import check_buffer_is_free
+    from trinity.monitor import get_monitor, get_monitors
+    from trinity.placement import actor_resources, cpu_shares, runs
+    from trinity.sync import Synchronizer
+
     if runs(config, "explorer") and config.mode not in ("bench", "serve"):
         from trinity.data.tasks import apply_task_pipeline
 
