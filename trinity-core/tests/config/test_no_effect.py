@@ -176,6 +176,25 @@ def test_enabled_sections_warn() -> None:
     assert [key for key, _ in find_no_effect(config)] == ["model.tinker", "service.data_juicer"]
 
 
+def test_data_processor_keys_warn_only_where_they_change_nothing() -> None:
+    trainer_buffer = {"name": "exp", "storage_type": "sql", "path": "sqlite:///exp.db"}
+    base = {
+        "buffer": {"trainer_input": {"experience_buffer": trainer_buffer}},
+        "data_processor": {
+            "task_pipeline": {"inputs": ["raw.jsonl"], "priority_weights": {"difficulty": 1.0}},
+            "experience_pipeline": {"output": trainer_buffer},
+        },
+    }
+    # priority_weights orders the tasks; an output naming the trainer's buffer is the one written.
+    assert find_no_effect(_config(base)) == []
+    other = {**trainer_buffer, "name": "elsewhere"}
+    base["data_processor"]["experience_pipeline"] = {"output": other, "inputs": {"extra": other}}
+    assert [key for key, _ in find_no_effect(_config(base))] == [
+        "data_processor.experience_pipeline.inputs[extra]",
+        "data_processor.experience_pipeline.output",
+    ]
+
+
 def test_warns_once_per_key_on_logger(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     config = _config({"trainer": {"save_strategy": "single_node"}, "monitor": {"detailed_stats": True}})
     with caplog.at_level(logging.WARNING, logger="trinity.config"):

@@ -191,3 +191,44 @@ def test_llm_difficulty_score_filter_needs_a_model_and_an_address(monkeypatch):
         op.bind(OperatorContext())
     op.bind(OperatorContext(model_url={"m": "http://127.0.0.1:9/v1"}.get))  # served by the job
     assert op.base_url == "http://127.0.0.1:9/v1"
+
+
+def test_priority_weights_order_the_tasks_before_top_k(tmp_path, caplog):
+    rows = [
+        # difficulty from the LLM filter's difficulty_score; quality from Data-Juicer stats.
+        {"question": "q0", "difficulty_score": 0.2, "__dj__stats__": {"word_rep_ratio": 0.0}},
+        {"question": "q1", "difficulty_score": 0.9, "__dj__stats__": {"word_rep_ratio": 0.8}},
+        {"question": "q2", "difficulty_score": 0.6, "__dj__stats__": {"word_rep_ratio": 0.1}},
+        {"question": "q3"},  # no stats: neutral 0.5 on both
+    ]
+    (tmp_path / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    keep_all = [{"name": "length_filter", "args": {"min_len": 0}}]
+    weights = {"difficulty": 1.0, "quality": 0.5}
+    config = _config(tmp_path, keep_all, target_fields=[], priority_weights=weights, top_k=3)
+    folder, counts = run_task_pipeline(config)
+    out = [json.loads(line) for line in (Path(folder) / "train.jsonl").read_text().splitlines()]
+    # priority = difficulty + 0.5 * (1 - word_rep_ratio): q2 1.05, q1 1.0, q3 0.75, q0 0.7
+    assert [r["question"] for r in out] == ["q2", "q1", "q3"]
+    assert [r["priority"] for r in out] == pytest.approx([1.05, 1.0, 0.75])
+    assert counts["priority/rows_with_difficulty"] == 3.0 and counts["priority/rows_with_quality"] == 3.0
+    # A weighted score no row has a stat for adds nothing, and says so once.
+    (tmp_path / "raw.jsonl").write_text("".join(json.dumps({"question": f"q{i}"}) + "\n" for i in range(3)))
+    config = _config(
+        tmp_path / "again",
+        keep_all,
+        inputs=[str(tmp_path / "raw.jsonl")],
+        target_fields=[],
+        priority_weights={"quality": 1.0},
+    )
+    with caplog.at_level("WARNING", logger="trinity.data.priority"):
+        folder, _ = run_task_pipeline(config)
+    assert "priority_weights.quality has no effect: no row has a quality stat" in caplog.text
+    out = [json.loads(line) for line in (Path(folder) / "train.jsonl").read_text().splitlines()]
+    assert [r["question"] for r in out] == ["q0", "q1", "q2"], "equal priorities keep their order"
+
+
+def test_an_unknown_priority_weight_fails_at_load(tmp_path):
+    from trinity.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"priority_weights: no score 'diversity'"):
+        _config(tmp_path, [{"name": "deduplicator"}], priority_weights={"diversity": 0.8})

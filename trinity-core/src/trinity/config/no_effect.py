@@ -58,6 +58,13 @@ class NoEffect:
     active: Callable[[Any, Any, Any], bool] = _differs
 
 
+def _same_buffer(a: Any, b: Any) -> bool:
+    """Whether experience buffer configs ``a`` and ``b`` name the same storage."""
+    if a is None or b is None:
+        return a is b
+    return (a.name, a.storage_type, a.path) == (b.name, b.storage_type, b.path)
+
+
 def _runs_data_juicer(root: Any) -> bool:
     """Whether a pipeline of ``root`` (a config or stage) has a ``data_juicer`` operator."""
     dp = getattr(root, "data_processor", None)
@@ -240,15 +247,14 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         lambda value, default, root: value is not None and not _runs_data_juicer(root),
     ),
     NoEffect(
-        "data_processor.task_pipeline.priority_weights",
-        "task priorities are not computed; order tasks with a data_selector (e.g. difficulty_based)",
-    ),
-    NoEffect(
-        "data_processor.experience_pipeline.inputs[*]", "the pipeline reads only the explorer's experiences"
+        "data_processor.experience_pipeline.inputs[*]",
+        "the pipeline reads only the explorer's experiences (Trinity-RFT reads no extra input buffer either)",
     ),
     NoEffect(
         "data_processor.experience_pipeline.output",
-        "the pipeline writes to buffer.trainer_input.experience_buffer",
+        "the pipeline writes to buffer.trainer_input.experience_buffer, the buffer the trainer reads "
+        "(as Trinity-RFT does)",
+        lambda value, default, root: not _same_buffer(value, root.buffer.trainer_input.experience_buffer),
     ),
 )
 
@@ -307,6 +313,11 @@ def _walk(model: BaseModel, path: str, root: Any) -> Iterator[tuple[str, str]]:
                 yield key, entry.reason
             continue
         for child, child_path in _children(value, key):
+            item = entry_for(child_path)  # an entry for the items themselves (`inputs[*]`)
+            if item is not None:
+                if item.active(child, None, root):
+                    yield child_path, item.reason
+                continue
             yield from _walk(child, child_path, root)
 
 

@@ -663,6 +663,16 @@ def _check_data_processor(c: Config) -> None:
         tp = dp.task_pipeline
         if tp.config_path and not os.path.isabs(tp.config_path):
             tp.config_path = os.path.abspath(tp.config_path)
+        if tp.priority_weights:
+            from trinity.data.priority import check_weights
+
+            try:
+                check_weights(tp.priority_weights)
+            except ValueError as exc:
+                raise ConfigError(
+                    str(exc).removeprefix("priority_weights: "),
+                    key="data_processor.task_pipeline.priority_weights",
+                ) from None
         pipelines.append(("task_pipeline", task_operators(tp), TaskOperator))
     if dp.experience_pipeline is not None:
         pipelines.append(("experience_pipeline", dp.experience_pipeline.operators, ExperienceOperator))

@@ -9,7 +9,8 @@ operators in order and writes ``<job dir>/task_pipeline/<split>.jsonl``. The out
 and their arguments): a resumed or repeated job whose pipeline did not change reuses the file
 instead of recomputing it (LLM scoring can take hours).
 
-``config_path`` (a Data-Juicer recipe) replaces ``operators`` with one ``data_juicer`` operator
+``priority_weights`` orders the rows by a weighted priority of their stats before ``top_k``
+(:mod:`trinity.data.priority`). ``config_path`` (a Data-Juicer recipe) replaces ``operators`` with one ``data_juicer`` operator
 running that recipe, as in Trinity-RFT. An operator scoring with one of
 ``explorer.auxiliary_models`` gets that model served here, in the driver, for the pipeline's
 run (:mod:`trinity.data.served_models`).
@@ -47,6 +48,7 @@ def _fingerprint(tp: TaskPipelineConfig, inputs: list[str]) -> str:
         "operators": [{"name": op.name, "args": op.args} for op in task_operators(tp)],
         "target_fields": list(tp.target_fields),
         "top_k": tp.top_k,
+        "priority_weights": dict(tp.priority_weights),
     }
     return hashlib.sha256(json.dumps(desc, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -150,6 +152,11 @@ def run_task_pipeline(config: Config) -> tuple[str, dict[str, float]] | None:
         finally:
             for _, op in ops:
                 op.close()
+    if tp.priority_weights:
+        from trinity.data.priority import order_by_priority
+
+        rows, ordered = order_by_priority(rows, tp.priority_weights)
+        counts.update(ordered)
     if tp.top_k > 0:
         rows = rows[: tp.top_k]
     counts["output_rows"] = float(len(rows))

@@ -59,7 +59,9 @@ class TaskPipelineConfig(Section):
     )
     target_fields: list[str] = F([], "Fields processed into the output taskset.")
     priority_weights: dict[str, float] = F(
-        {}, "Weights of difficulty / diversity / usage / quality. Has no effect in this version."
+        {},
+        "Weights of `quality`, `difficulty` and `usage_frequency` in a priority the tasks are sorted by "
+        "(highest first) before `top_k`; see docs/data.md.",
     )
     top_k: int = F(-1, "Tasks kept after processing; -1 keeps all.", ge=-1)
 
