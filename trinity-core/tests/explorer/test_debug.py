@@ -34,31 +34,6 @@ WORKFLOW = textwrap.dedent(
 )
 
 
-def _setup(tmp_path, model_path, rows):
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "toy.py").write_text(WORKFLOW)
-    data = tmp_path / "tasks.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        textwrap.dedent(
-            f"""
-            mode: explore
-            checkpoint_root_dir: {tmp_path}/ckpt
-            model: {{model_path: {model_path}, max_prompt_tokens: 64, max_response_tokens: 8}}
-            buffer:
-              batch_size: 2
-              explorer_input:
-                taskset: {{name: toy, path: {data}, default_workflow_type: toy_debug_wf}}
-            explorer:
-              rollout_model: {{engine_type: transformers, dtype: float32}}
-            """
-        )
-    )
-    return config, plugins
-
-
 @pytest.fixture
 def manager():
     # Autoload on: the config's algorithm comes from the installed algorithm plugin.
@@ -66,9 +41,9 @@ def manager():
         yield m
 
 
-def test_debug_prints_and_writes_experiences(tmp_path, tiny_model_path, manager):
+def test_debug_prints_and_writes_experiences(tmp_path, debug_job, manager):
     rows = [{"prompt": f"{i}+1=", "response": str(i + 1)} for i in range(3)]
-    config, plugins = _setup(tmp_path, tiny_model_path, rows)
+    config, plugins = debug_job(WORKFLOW, "toy_debug_wf", rows)
     out = tmp_path / "exps.jsonl"
     result = CliRunner().invoke(
         debug,
@@ -92,8 +67,8 @@ def test_debug_prints_and_writes_experiences(tmp_path, tiny_model_path, manager)
     assert lines[0]["reward"] in (0.0, 1.0)
 
 
-def test_debug_shows_workflow_tracebacks(tmp_path, tiny_model_path, manager):
-    config, plugins = _setup(tmp_path, tiny_model_path, [{"prompt": "x", "response": "y", "fail": True}])
+def test_debug_shows_workflow_tracebacks(tmp_path, debug_job, manager):
+    config, plugins = debug_job(WORKFLOW, "toy_debug_wf", [{"prompt": "x", "response": "y", "fail": True}])
     result = CliRunner().invoke(
         debug, ["--config", str(config), "--plugin-dir", str(plugins), "--num-tasks", "1"]
     )
@@ -123,8 +98,8 @@ JUDGE_WORKFLOW = textwrap.dedent(
 )
 
 
-def test_debug_loads_the_auxiliary_models(tmp_path, tiny_model_path, manager):
-    config, plugins = _setup(tmp_path, tiny_model_path, [{"prompt": "1+1=", "response": "2"}])
+def test_debug_loads_the_auxiliary_models(tmp_path, tiny_model_path, debug_job, manager):
+    config, plugins = debug_job(WORKFLOW, "toy_debug_wf", [{"prompt": "1+1=", "response": "2"}])
     (plugins / "toy.py").write_text(JUDGE_WORKFLOW)
     text = config.read_text().replace("toy_debug_wf", "judged_debug_wf")
     text += (

@@ -123,31 +123,9 @@ WORKFLOW = textwrap.dedent(
 )
 
 
-def _setup(tmp_path, model_path):
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "toy_modules.py").write_text(WORKFLOW)  # not toy.py: test_debug.py loads that name
-    data = tmp_path / "tasks.jsonl"
-    data.write_text(
-        "".join(json.dumps({"prompt": f"{i}+1=", "response": str(i + 1)}) + "\n" for i in range(2))
-    )
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        textwrap.dedent(
-            f"""
-            mode: explore
-            checkpoint_root_dir: {tmp_path}/ckpt
-            model: {{model_path: {model_path}, max_prompt_tokens: 64, max_response_tokens: 8}}
-            buffer:
-              batch_size: 2
-              explorer_input:
-                taskset: {{name: toy, path: {data}, default_workflow_type: toy_modules_wf}}
-            explorer:
-              rollout_model: {{engine_type: transformers, dtype: float32}}
-            """
-        )
-    )
-    return config, plugins
+def _setup(debug_job):
+    rows = [{"prompt": f"{i}+1=", "response": str(i + 1)} for i in range(2)]
+    return debug_job(WORKFLOW, "toy_modules_wf", rows)
 
 
 def _address_file(tmp_path):
@@ -202,8 +180,8 @@ def _run_workflow(config, plugins, out, *extra):
     return result.output, [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def test_workflow_uses_the_served_inference_model(tmp_path, tiny_model_path, manager):
-    config, plugins = _setup(tmp_path, tiny_model_path)
+def test_workflow_uses_the_served_inference_model(tmp_path, tiny_model_path, debug_job, manager):
+    config, plugins = _setup(debug_job)
     judge = (
         f"  auxiliary_models: [{{name: judge, model_path: {tiny_model_path}, engine_type: transformers}}]\n"
     )
@@ -274,8 +252,8 @@ def test_workflow_uses_the_served_inference_model(tmp_path, tiny_model_path, man
             proc.wait()
 
 
-def test_a_stale_address_file_falls_back_to_loading_the_model(tmp_path, tiny_model_path, manager):
-    config, plugins = _setup(tmp_path, tiny_model_path)
+def test_a_stale_address_file_falls_back_to_loading_the_model(tmp_path, tiny_model_path, debug_job, manager):
+    config, plugins = _setup(debug_job)
     from trinity.config import load_config
     from trinity.explorer.debug import server_file
     from trinity.plugins import add_plugin_dirs

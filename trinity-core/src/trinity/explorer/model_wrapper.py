@@ -24,7 +24,90 @@ if TYPE_CHECKING:
     from trinity.explorer.openai_server import OpenAIServer
 
 
-class ModelWrapper:
+class WrapperBase:
+    """What the local :class:`ModelWrapper` and the debug remote wrapper
+    (:class:`trinity.explorer.remote_model.RemoteModelWrapper`) share: per-task call seeds and
+    the OpenAI clients. Subclasses set ``name``, ``api_key``, ``_lock`` and ``_seeds`` and
+    provide ``openai_base_url``, :meth:`_engine_seed` and :meth:`_engine_default_seed`."""
+
+    name: str
+    api_key: str
+    openai_base_url: str
+    _lock: threading.Lock
+    _seeds: Iterator[int] | None
+
+    def _engine_seed(self) -> int:
+        raise NotImplementedError
+
+    def _engine_default_seed(self) -> int | None:
+        raise NotImplementedError
+
+    def seed_calls(self, key: str | None) -> None:
+        """Seed this wrapper's calls that ask for no ``seed`` from ``key``, one seed per call.
+
+        The workflow runner calls it with the task's identity before each task, so a task's
+        samples depend on the task, the weights and the engine's seed, not on which runner ran
+        it or what shared the engine's batch: a job with fixed seeds samples the same rollouts
+        on every run. ``None`` goes back to the engine's own seed stream.
+        """
+        if key is None:
+            self._seeds = None
+            return
+        digest = hashlib.sha256(f"{self._engine_seed()}/{key}".encode()).digest()
+        self._seeds = itertools.count(int.from_bytes(digest[:7], "big"))
+
+    def _with_seed(self, rollout_args: dict[str, Any]) -> dict[str, Any]:
+        if (
+            self._seeds is None
+            or rollout_args.get("seed") is not None
+            or self._engine_default_seed() is not None
+        ):
+            return rollout_args
+        with self._lock:
+            seed = next(self._seeds)
+        return {**rollout_args, "seed": seed}
+
+    @property
+    def base_url(self) -> str:
+        """Same as :attr:`openai_base_url` (Trinity-RFT's name)."""
+        return self.openai_base_url
+
+    @property
+    def model_name(self) -> str:
+        """The model id the OpenAI API reports (any id is accepted in requests)."""
+        return self.name
+
+    def _openai_module(self, what: str) -> Any:
+        try:
+            import openai
+        except ImportError:
+            raise ImportError(
+                f"{what}() needs the openai package: pip install openai "
+                f"(or send HTTP requests to {self.openai_base_url}/chat/completions yourself)"
+            ) from None
+        return openai
+
+    def get_openai_client(self, **client_kwargs: Any) -> Any:
+        """An ``openai.OpenAI`` client talking to this model's OpenAI-compatible server on
+        127.0.0.1 (calls are recorded in the history when ``enable_history`` is on).
+
+        ``client_kwargs`` go to ``openai.OpenAI`` (``timeout``...). Retries are off by default
+        (``max_retries=0``): a retried call that the server did answer would be recorded twice.
+        """
+        return self._openai_module("get_openai_client").OpenAI(**self._client_kwargs(client_kwargs))
+
+    def get_openai_async_client(self, **client_kwargs: Any) -> Any:
+        """An ``openai.AsyncOpenAI`` client for the same server (for ``run_async`` workflows);
+        ``client_kwargs`` as for :meth:`get_openai_client`."""
+        return self._openai_module("get_openai_async_client").AsyncOpenAI(
+            **self._client_kwargs(client_kwargs)
+        )
+
+    def _client_kwargs(self, given: dict[str, Any]) -> dict[str, Any]:
+        return {"base_url": self.openai_base_url, "api_key": self.api_key, "max_retries": 0, **given}
+
+
+class ModelWrapper(WrapperBase):
     """What a workflow sees of one rollout engine.
 
     Args:
@@ -82,31 +165,11 @@ class ModelWrapper:
         self._server: OpenAIServer | None = None
         self._seeds: Iterator[int] | None = None
 
-    def seed_calls(self, key: str | None) -> None:
-        """Seed this wrapper's calls that ask for no ``seed`` from ``key``, one seed per call.
+    def _engine_seed(self) -> int:
+        return getattr(self.engine, "seed", 0)
 
-        The workflow runner calls it with the task's identity before each task, so a task's
-        samples depend on the task, the weights and the engine's seed, not on which runner ran
-        it or what shared the engine's batch: a job with fixed seeds samples the same rollouts
-        on every run. ``None`` goes back to the engine's own seed stream.
-        """
-        if key is None:
-            self._seeds = None
-            return
-        engine_seed = getattr(self.engine, "seed", 0)
-        digest = hashlib.sha256(f"{engine_seed}/{key}".encode()).digest()
-        self._seeds = itertools.count(int.from_bytes(digest[:7], "big"))
-
-    def _with_seed(self, rollout_args: dict[str, Any]) -> dict[str, Any]:
-        if (
-            self._seeds is None
-            or rollout_args.get("seed") is not None
-            or self.engine.default_args.seed is not None
-        ):
-            return rollout_args
-        with self._lock:
-            seed = next(self._seeds)
-        return {**rollout_args, "seed": seed}
+    def _engine_default_seed(self) -> int | None:
+        return self.engine.default_args.seed
 
     @property
     def model_version(self) -> int:
@@ -284,45 +347,6 @@ class ModelWrapper:
     def openai_base_url(self) -> str:
         """``http://127.0.0.1:<port>/v1`` of the OpenAI-compatible server (started on first use)."""
         return self.start_openai_server()
-
-    @property
-    def base_url(self) -> str:
-        """Same as :attr:`openai_base_url` (Trinity-RFT's name)."""
-        return self.openai_base_url
-
-    @property
-    def model_name(self) -> str:
-        """The model id the OpenAI API reports (any id is accepted in requests)."""
-        return self.name
-
-    def _openai_module(self, what: str) -> Any:
-        try:
-            import openai
-        except ImportError:
-            raise ImportError(
-                f"{what}() needs the openai package: pip install openai "
-                f"(or send HTTP requests to {self.openai_base_url}/chat/completions yourself)"
-            ) from None
-        return openai
-
-    def get_openai_client(self, **client_kwargs: Any) -> Any:
-        """An ``openai.OpenAI`` client talking to this engine through a local server bound to
-        127.0.0.1 (calls are recorded in the history when ``enable_history`` is on).
-
-        ``client_kwargs`` go to ``openai.OpenAI`` (``timeout``...). Retries are off by default
-        (``max_retries=0``): a retried call that the server did answer would be recorded twice.
-        """
-        openai = self._openai_module("get_openai_client")
-        return openai.OpenAI(**self._client_kwargs(client_kwargs))
-
-    def get_openai_async_client(self, **client_kwargs: Any) -> Any:
-        """An ``openai.AsyncOpenAI`` client for the same server (for ``run_async`` workflows);
-        ``client_kwargs`` as for :meth:`get_openai_client`."""
-        openai = self._openai_module("get_openai_async_client")
-        return openai.AsyncOpenAI(**self._client_kwargs(client_kwargs))
-
-    def _client_kwargs(self, given: dict[str, Any]) -> dict[str, Any]:
-        return {"base_url": self.openai_base_url, "api_key": self.api_key, "max_retries": 0, **given}
 
     def close(self) -> None:
         """Stop the OpenAI server if one was started."""

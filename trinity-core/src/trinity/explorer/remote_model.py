@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import itertools
 import json
 import os
@@ -32,6 +31,8 @@ import urllib.error
 import urllib.request
 import uuid
 from typing import TYPE_CHECKING, Any
+
+from trinity.explorer.model_wrapper import WrapperBase
 
 if TYPE_CHECKING:
     import torch
@@ -247,7 +248,7 @@ def probe(base_url: str, api_key: str = "EMPTY", timeout: float = 3.0) -> dict[s
     return info if isinstance(info, dict) and "model_version" in info else None
 
 
-class RemoteModelWrapper:
+class RemoteModelWrapper(WrapperBase):
     """What a workflow sees of a model served by :func:`build_debug_app` in another process.
 
     It offers :class:`~trinity.explorer.model_wrapper.ModelWrapper`'s API (``chat``,
@@ -311,37 +312,13 @@ class RemoteModelWrapper:
             self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         return self._tokenizer
 
-    @property
-    def base_url(self) -> str:
-        """Same as :attr:`openai_base_url` (Trinity-RFT's name)."""
-        return self.openai_base_url
+    # -- seeds, as ModelWrapper.seed_calls: the served engine's seed gives the same samples --
 
-    @property
-    def model_name(self) -> str:
-        """The model id the OpenAI API reports."""
-        return self.name
+    def _engine_seed(self) -> int:
+        return int(self._info.get("engine_seed", 0))
 
-    # -- seeds, as ModelWrapper.seed_calls ---------------------------------------------------
-
-    def seed_calls(self, key: str | None) -> None:
-        """Seed the calls that ask for no ``seed`` from ``key``, exactly as the served model's
-        own :meth:`ModelWrapper.seed_calls` would (same seeds, same samples as a local run)."""
-        if key is None:
-            self._seeds = None
-            return
-        digest = hashlib.sha256(f"{self._info.get('engine_seed', 0)}/{key}".encode()).digest()
-        self._seeds = itertools.count(int.from_bytes(digest[:7], "big"))
-
-    def _with_seed(self, rollout_args: dict[str, Any]) -> dict[str, Any]:
-        if (
-            self._seeds is None
-            or rollout_args.get("seed") is not None
-            or self._info.get("default_seed") is not None
-        ):
-            return rollout_args
-        with self._lock:
-            seed = next(self._seeds)
-        return {**rollout_args, "seed": seed}
+    def _engine_default_seed(self) -> int | None:
+        return self._info.get("default_seed")
 
     # -- generation ------------------------------------------------------------------------
 
@@ -457,35 +434,10 @@ class RemoteModelWrapper:
         """The served model's OpenAI API URL (the server is already running)."""
         return self.openai_base_url
 
-    def _openai_module(self, what: str) -> Any:
-        try:
-            import openai
-        except ImportError:
-            raise ImportError(
-                f"{what}() needs the openai package: pip install openai "
-                f"(or send HTTP requests to {self.openai_base_url}/chat/completions yourself)"
-            ) from None
-        return openai
-
     def _client_kwargs(self, given: dict[str, Any]) -> dict[str, Any]:
+        # The header tags this wrapper's calls, so its history holds only its own calls.
         headers = {CLIENT_HEADER: self.client_id, **given.pop("default_headers", {})}
-        return {
-            "base_url": self.openai_base_url,
-            "api_key": self.api_key,
-            "max_retries": 0,
-            "default_headers": headers,
-            **given,
-        }
-
-    def get_openai_client(self, **client_kwargs: Any) -> Any:
-        """An ``openai.OpenAI`` client of the served model (its calls join this wrapper's history)."""
-        return self._openai_module("get_openai_client").OpenAI(**self._client_kwargs(client_kwargs))
-
-    def get_openai_async_client(self, **client_kwargs: Any) -> Any:
-        """An ``openai.AsyncOpenAI`` client of the served model."""
-        return self._openai_module("get_openai_async_client").AsyncOpenAI(
-            **self._client_kwargs(client_kwargs)
-        )
+        return super()._client_kwargs({"default_headers": headers, **given})
 
     def close(self) -> None:
         """Nothing to release: the server belongs to the other process."""
