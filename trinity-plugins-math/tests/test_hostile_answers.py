@@ -191,20 +191,61 @@ def _in_thread(call: Callable[[], dict[str, float]]) -> dict[str, float]:
 def test_a_worker_that_does_not_answer_is_killed_and_replaced() -> None:
     """Work no signal can interrupt (simulated: the worker is stopped) costs the deadline only."""
     fn = MathBoxedRewardFn(timeout_seconds=0.5)
-    assert _in_thread(lambda: fn("\\boxed{1}", "1"))["accuracy"] == 1.0  # the worker is up
+    # Fractions, not plain integers: those are compared without the worker.
+    assert _in_thread(lambda: fn("\\boxed{\\frac{2}{2}}", "1"))["accuracy"] == 1.0  # the worker is up
     stuck = verify._worker._proc
     assert stuck is not None
     os.kill(stuck.pid, signal.SIGSTOP)
     start = time.monotonic()
-    assert _in_thread(lambda: fn("\\boxed{2}", "2")) == {"accuracy": 0.0, "format_score": 0.0}
+    assert _in_thread(lambda: fn("\\boxed{\\frac{4}{2}}", "2")) == {"accuracy": 0.0, "format_score": 0.0}
     elapsed = time.monotonic() - start
     assert fn.timeouts == 1
     assert stuck.poll() is not None, "the stuck worker was not killed"
     assert elapsed < SANITY_SECONDS
     # a replacement was started at once and answers the next call
-    assert _in_thread(lambda: fn("\\boxed{2}", "2"))["accuracy"] == 1.0
+    assert _in_thread(lambda: fn("\\boxed{\\frac{4}{2}}", "2"))["accuracy"] == 1.0
 
 
 def test_default_time_bound_is_about_a_second() -> None:
     for fn in (MathRewardFn(), MathBoxedRewardFn(), AccuracyReward()):
         assert fn.timeout_seconds <= 1.0
+
+
+PLAIN_PAIRS = [
+    ("12", "12"),
+    ("12", "13"),
+    ("012", "12"),
+    ("-3", "-3"),
+    ("+7", "7"),
+    ("-0", "0"),
+    ("1000001", "1000000"),
+    ("123456789012345678901", "123456789012345678902"),
+    ("123456789012345678901234567890", "123456789012345678901234567890"),
+]
+
+
+@pytest.mark.parametrize(("answer", "truth"), PLAIN_PAIRS)
+def test_plain_numbers_are_compared_here_with_math_verifys_verdict(
+    answer: str, truth: str, spy: ComparisonSpy
+) -> None:
+    """Both sides plain integers: no math-verify parse and no worker process (a reward in a
+    runner thread answers at once), with the verdict math-verify gives."""
+    results: list[verify.Verdict] = []
+    thread = threading.Thread(target=lambda: results.append(verify.math_equal(answer, truth)))
+    thread.start()
+    thread.join(timeout=60)
+    assert spy.calls == [], "a plain number reached math-verify"
+    assert results[0].equal == verify._compare_here(answer, truth, 5.0).equal
+
+
+def test_anything_but_plain_numbers_still_goes_to_math_verify(spy: ComparisonSpy) -> None:
+    pairs = (
+        ("\\frac{24}{2}", "12"),
+        ("1,000", "1000"),
+        ("12 apples", "12"),
+        ("1e3", "1000"),
+        ("2.50", "2.5"),
+    )
+    for answer, truth in pairs:
+        verify.math_equal(answer, truth)
+    assert len(spy.calls) == len(pairs)

@@ -316,10 +316,29 @@ def math_equal(
     reason = refusal_reason(answer, max_chars)
     if reason is not None:
         return Verdict(False, refused=reason)
+    plain = _plain_numbers(answer, truth)
+    if plain is not None:
+        # Both sides are plain integers: equal exactly when their values are, as math-verify
+        # says, without parsing (or a worker process) for the most common case.
+        return Verdict(plain[0] == plain[1])
     # Off POSIX, math-verify times out with a helper process, which works in any thread.
     if threading.current_thread() is threading.main_thread() or os.name != "posix":
         return _compare_here(answer, truth, timeout_seconds)
     return _worker.compare(answer, truth, timeout_seconds)
+
+
+# A plain integer: optional sign and digits, nothing else (no fraction: math-verify compares
+# decimals with a tolerance, so "0.1" equals "0.10000001" there; no separators, exponents,
+# units or LaTeX). Such pairs are equal exactly when their values are, as math-verify says.
+_PLAIN_INTEGER = re.compile(r"[+-]?\d{1,40}")
+
+
+def _plain_numbers(answer: str, truth: str) -> tuple[int, int] | None:
+    """Both sides' values when both are plain integers."""
+    a, t = answer.strip(), truth.strip()
+    if not (_PLAIN_INTEGER.fullmatch(a) and _PLAIN_INTEGER.fullmatch(t)):
+        return None
+    return int(a), int(t)
 
 
 def _serve() -> None:
