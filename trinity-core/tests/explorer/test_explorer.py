@@ -144,6 +144,34 @@ def test_steps_until_the_taskset_ends_and_evals_write_nothing(tmp_path, tiny_mod
     assert explorer.explore_step() is None
 
 
+def test_an_eval_runs_all_its_tasks_at_once_with_the_same_results(
+    tmp_path, tiny_model_path, engine, plugins, monkeypatch
+):
+    """An eval taskset's tasks all run at once (one runner and wrapper each), so the engine
+    batches their calls into large generate calls; what they sample is what the training pool's
+    two runners sample (each task's seed is its own)."""
+    import trinity.explorer.explorer as explorer_module
+
+    explorer = Explorer(_config(tmp_path, tiny_model_path, rows=7), engines=[engine], writer=ListWriter())
+    before = engine.batches_run
+    wide = explorer.eval()
+    pool = explorer.eval_pool(7)
+    assert len(pool.runners) == 7 and pool is not explorer.pool
+    assert len({id(r.model) for r in pool.runners}) == 7, "runners share a wrapper"
+    assert explorer.eval_pool(7) is pool, "the eval pool is kept between evals"
+    wide_batches = engine.batches_run - before
+    monkeypatch.setattr(explorer_module, "EVAL_RUNNERS_PER_ENGINE", 2)  # the training pool's width
+    assert explorer.eval_pool(7) is explorer.pool
+    before = engine.batches_run
+    narrow = explorer.eval()
+    narrow_batches = engine.batches_run - before
+    same = [k for k in wide if k.startswith("eval/dev/") and "second" not in k]
+    assert same and {k: wide[k] for k in same} == {k: narrow[k] for k in same}
+    assert wide_batches <= narrow_batches, (wide_batches, narrow_batches)
+    explorer.shutdown()
+    assert explorer._eval_pool is None
+
+
 def test_failing_workflow_is_counted_and_the_step_goes_on(tmp_path, tiny_model_path, engine, plugins):
     writer = ListWriter()
     explorer = Explorer(

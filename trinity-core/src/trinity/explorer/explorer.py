@@ -43,6 +43,10 @@ logger = logging.getLogger(__name__)
 
 # Key of the one-line failure report in a step's metrics (a string, so monitors skip it).
 FAILURES_KEY = "rollout/failures"
+#: Most workflow runners per engine an eval uses: an eval taskset's tasks run at once (up to
+#: this many), so the engine batches their calls into a few large generate calls instead of
+#: waves of ``runner_per_model``.
+EVAL_RUNNERS_PER_ENGINE = 128
 
 
 def _stats(prefix: str, values: list[float]) -> dict[str, float]:
@@ -192,6 +196,7 @@ class Explorer:
         self.min_finished = math.ceil(config.buffer.batch_size * (1 - over.ratio)) if over.ratio > 0 else None
         self._writer = writer
         self._reader = taskset_reader
+        self._eval_pool: tuple[int, RunnerPool, list[Any]] | None = None  # (runners, pool, wrappers)
         self.explore_step_num = 0
         self.finished = False
 
@@ -338,7 +343,8 @@ class Explorer:
             reader = TasksetReader(cfg, self.config.buffer)
             tasks: list[Task] = reader.take(len(reader))
             start = time.monotonic()
-            results = self.pool.run_tasks(tasks, observe=False)  # eval tasks never end early
+            pool = self.eval_pool(len(tasks))
+            results = pool.run_tasks(tasks, observe=False)  # eval tasks never end early
             seconds = time.monotonic() - start
             prefix = f"eval/{reader.name}"
             experiences = self._stamp(results, f"eval_{self.explore_step_num}")
@@ -350,6 +356,52 @@ class Explorer:
         # which model it measured.
         metrics["eval/model_version"] = float(self.model_version)
         return metrics
+
+    def eval_pool(self, tasks: int) -> RunnerPool:
+        """The runners an eval of ``tasks`` tasks uses: enough for all of them to run at once
+        (at most :data:`EVAL_RUNNERS_PER_ENGINE` per engine), each with wrappers of its own
+        (history and per-task seeds stay per task); the training pool when it has as many."""
+        ex = self.config.explorer
+        per_engine = min(EVAL_RUNNERS_PER_ENGINE, math.ceil(tasks / max(1, len(self.engines))))
+        if per_engine <= ex.runner_per_model:
+            return self.pool
+        if self._eval_pool is not None and self._eval_pool[0] >= per_engine:
+            return self._eval_pool[1]
+        from trinity.explorer.model_wrapper import model_wrappers_for
+
+        self._close_eval_pool()
+        # No OpenAI server of their own at start (a workflow that asks for one starts it) and no
+        # fixed ports: those belong to the training runners' wrappers.
+        plain = {"enable_openai_api": False, "base_port": None}
+        runners = per_engine * len(self.engines)
+        models = model_wrappers_for(
+            ex.rollout_model.model_copy(update=plain),
+            [e for e in self.engines for _ in range(per_engine)],
+            name="rollout",
+        )
+        groups = [
+            model_wrappers_for(
+                aux.model_copy(update=plain),
+                [group[k % len(group)] for k in range(runners)],
+                name=aux.name or f"auxiliary_{i}",
+            )
+            for i, (aux, group) in enumerate(zip(ex.auxiliary_models, self._auxiliary_engine_groups))
+        ]
+        pool = RunnerPool(
+            [models[i * per_engine : (i + 1) * per_engine] for i in range(len(self.engines))],
+            auxiliary_models=groups,
+            runner_per_model=per_engine,
+            max_timeout=ex.max_timeout,
+            max_retry_times=ex.max_retry_times,
+        )
+        self._eval_pool = (per_engine, pool, [*models, *(m for g in groups for m in g)])
+        return pool
+
+    def _close_eval_pool(self) -> None:
+        if self._eval_pool is not None:
+            for wrapper in self._eval_pool[2]:
+                wrapper.close()
+            self._eval_pool = None
 
     def bench(self, checkpoint_dir: str | Path | None = None) -> dict[int, dict[str, float]]:
         """Evaluate every ``global_step_N`` checkpoint (only the latest with
@@ -445,6 +497,7 @@ class Explorer:
 
     def shutdown(self) -> None:
         """Stop OpenAI servers and engines."""
+        self._close_eval_pool()
         for model in [*self.models, *self.auxiliary_models]:
             model.close()
         for engine in [*self.engines, *self.auxiliary_engines]:
