@@ -86,6 +86,8 @@ class FakeExplorer(FakeActor):
         self.step_s, self.steps, self.slow = step_s, steps, dict(slow)
         self.step = self.version = 0
         self.step_end: dict[int, float] = {}
+        self.eval_s = 0.0
+        self.busy: list[tuple[float, float]] = []  # (start, end) of its explore steps and evals
 
     def call(self, name, *args):
         if name == "explore_step":
@@ -93,16 +95,20 @@ class FakeExplorer(FakeActor):
                 return self.submit(0, None)
             self.step += 1
             metrics = {"rollout/num_experiences": 4.0, "rollout/model_version": float(self.version)}
-            ref = self.submit(
-                self.slow.get(self.step, self.step_s), metrics, f"explore {self.step} (v{self.version})"
-            )
+            duration = self.slow.get(self.step, self.step_s)
+            ref = self.submit(duration, metrics, f"explore {self.step} (v{self.version})")
             self.step_end[self.step] = ref.end
+            self.busy.append((ref.end - duration, ref.end))
             return ref
         if name == "load_checkpoint":
             (path, version) = args[0]
             self.version = version
             return self.submit(0, version, f"load {path.rsplit('/', 1)[-1]}")
-        value = {"current_step": 0, "model_version": 0, "finish": None, "eval": {}}[name]
+        if name == "eval":
+            ref = self.submit(self.eval_s, {"eval/x/accuracy": 0.5}, f"eval (v{self.version})")
+            self.busy.append((ref.end - self.eval_s, ref.end))
+            return ref
+        value = {"current_step": 0, "model_version": 0, "finish": None}[name]
         return self.submit(0, value)
 
 
@@ -111,6 +117,7 @@ class FakeTrainer(FakeActor):
         super().__init__(ray)
         self.step_s, self.explorer, self.step = step_s, explorer, 0
         self.saved: list[int] = []
+        self.busy: list[tuple[float, float]] = []
 
     def call(self, name, *args):
         if name == "train_step":
@@ -123,6 +130,7 @@ class FakeTrainer(FakeActor):
                 ready = 0.0
             start = max(self.ray.now, self.busy_until, ready)
             self.busy_until = start + self.step_s
+            self.busy.append((start, self.busy_until))
             self.ray.event(self.busy_until, f"train {self.step}")
             return Ref(
                 self.busy_until, {"actor/loss": 0.0, launcher.READER_POSITION_KEY: {}}, next(self.ray.seq)
@@ -161,7 +169,17 @@ class Monitor:
         self.logged.append((step, dict(metrics)))
 
 
-def _config(tmp_path, style="fixed", interval=1, offset=0, steps=4, method="memory", timeout=60, mode="both"):
+def _config(
+    tmp_path,
+    style="fixed",
+    interval=1,
+    offset=0,
+    steps=4,
+    method="memory",
+    timeout=60,
+    mode="both",
+    eval_interval=0,
+):
     return SimpleNamespace(
         name="job",
         mode=mode,
@@ -170,7 +188,10 @@ def _config(tmp_path, style="fixed", interval=1, offset=0, steps=4, method="memo
         buffer=SimpleNamespace(total_steps=steps, batch_size=2, train_batch_size=4),
         trainer=SimpleNamespace(total_steps=None),
         explorer=SimpleNamespace(
-            name="explorer", eval_interval=0, eval_on_startup=False, max_consecutive_failed_steps=0
+            name="explorer",
+            eval_interval=eval_interval,
+            eval_on_startup=False,
+            max_consecutive_failed_steps=0,
         ),
         synchronizer=SimpleNamespace(
             sync_method=method,
@@ -184,11 +205,14 @@ def _config(tmp_path, style="fixed", interval=1, offset=0, steps=4, method="memo
     )
 
 
-def _run(tmp_path, monkeypatch, *, explore_s, train_s, slow=(), **kw):
+def _run(tmp_path, monkeypatch, *, explore_s, train_s, slow=(), eval_s=0.0, actors=None, **kw):
     ray = FakeRay()
     config = _config(tmp_path, **kw)
     explorer = FakeExplorer(ray, explore_s, config.buffer.total_steps, slow)
+    explorer.eval_s = eval_s
     trainer = FakeTrainer(ray, train_s, explorer)
+    if actors is not None:
+        actors.extend([explorer, trainer])
     monkeypatch.setattr("trinity.sync.make_transport", lambda method, r, e, t, s: FakeTransport(ray, e, t))
     monitors = {"explorer": Monitor(), "trainer": Monitor()}
     loop = _StepLoop(ray, config, explorer, trainer, Synchronizer.from_config(config.synchronizer), monitors)
@@ -210,6 +234,36 @@ def test_fixed_on_policy_alternates_explore_train_sync(tmp_path, monkeypatch):
     ]  # fmt: skip
     lags = [m["rollout/model_version_lag"] for _, m in monitors["explorer"].logged]
     assert lags == [0.0, 0.0, 0.0]  # on-policy: each batch trained by the weights that made it
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple]:
+    return [(x, y) for x in a for y in b if min(x[1], y[1]) > max(x[0], y[0])]
+
+
+def test_fixed_on_policy_actors_take_turns_evals_included(tmp_path, monkeypatch):
+    """Strictly on-policy, no explore step or eval ever runs while the trainer is in a step:
+    an eval due at step N runs after the sync that brings the weights of train step N."""
+    actors: list = []
+    events, _ = _run(
+        tmp_path, monkeypatch, explore_s=1, train_s=3, eval_s=2, steps=4, eval_interval=2, actors=actors
+    )
+    explorer, trainer = actors
+    assert "sync v2 | eval (v2) | explore 3 (v2)" in " | ".join(events)
+    assert _overlap(explorer.busy, trainer.busy) == []
+    # With an offset they do overlap.
+    actors.clear()
+    _run(
+        tmp_path,
+        monkeypatch,
+        explore_s=1,
+        train_s=3,
+        eval_s=2,
+        steps=4,
+        offset=1,
+        eval_interval=2,
+        actors=actors,
+    )
+    assert _overlap(actors[0].busy, actors[1].busy) != []
 
 
 def test_fixed_offset_1_lets_the_explorer_run_one_step_ahead(tmp_path, monkeypatch):
