@@ -87,7 +87,7 @@ def _bench_scalars(job_dir: Path) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, math_job, trinity_run) -> Path:
-    root = math_job(tmp_path_factory.mktemp("bench"), train=16, test=2)
+    root = math_job(tmp_path_factory.mktemp("bench"), train=16, test=8)
     trinity_run(_config(root, "both"), "--plugin-dir", str(PLUGINS))
     job_dir = root / "ckpt" / "e2e" / "bench"
     assert (job_dir / "global_step_1").is_dir() and (job_dir / "global_step_2").is_dir()
@@ -118,12 +118,22 @@ def test_bench_evaluates_every_checkpoint(trained, trinity_run, probe_score):
         prefix = f"bench/step_{step}/eval"
         assert f"{prefix}/arith_test/accuracy" in bench, sorted(bench)
         assert 0.0 <= bench[f"{prefix}/arith_test/accuracy"] <= 1.0
-        assert bench[f"{prefix}/arith_test/num_experiences"] == 2.0  # both test tasks, once each
+        assert bench[f"{prefix}/arith_test/num_experiences"] == 8.0  # every test task, once each
         # Step N's metrics were computed with checkpoint N loaded, as version N.
         assert bench[f"{prefix}/probe/probe_version"] == float(step)
         expected = probe_score(job_dir / f"global_step_{step}")
         assert bench[f"{prefix}/probe/probe_logprob"] == pytest.approx(expected, rel=1e-5, abs=1e-4)
     assert not any(tag.startswith("bench/step_0/") or tag.startswith("bench/step_3/") for tag in bench)
+    # The accuracy the training run logged at step N is what this separate evaluation of
+    # checkpoint N measures (issue 20: an eval labelled N must not have run on N - 1).
+    from trinity.monitor.tensorboard import read_scalars
+
+    logged = read_scalars(job_dir / "monitor" / "tensorboard" / "explorer")
+    for tag in ("accuracy", "response_length_mean"):
+        during = dict(logged[f"eval/arith_test/{tag}"])
+        assert {step: during[step] for step in (1, 2)} == {
+            step: bench[f"bench/step_{step}/eval/arith_test/{tag}"] for step in (1, 2)
+        }, tag
     assert abs(probe_score(job_dir / "global_step_1") - probe_score(job_dir / "global_step_2")) > 1e-3
 
 
