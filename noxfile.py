@@ -89,6 +89,25 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def bench_trl(session: nox.Session) -> None:
+    """benchmarks/vs_trl.py: the quickstart's GRPO stage against TRL's GRPOTrainer, same SFT
+    checkpoint, data, reward and settings, interleaved; prints time and accuracy ratios.
+    TRL is a benchmark-only dependency. Smoke run: ``nox -s bench_trl -- --quick``."""
+    # Only what the quickstart runs (core, GRPO from the algos plugin, the math plugin): the
+    # other plugins' extras take minutes to build. TORCH_SPEC in the same install as TRL, which
+    # (through accelerate) asks for an unpinned torch. TRL is never a dependency of the packages.
+    session.install(TORCH_SPEC)
+    session.install("-e", "trinity-core", "-e", "trinity-plugins-algos", "-e", "trinity-plugins-math")
+    session.install("trl>=1.16,<2", TORCH_SPEC)  # the API vs_trl.py uses, checked with 1.16.0
+    session.run(
+        "python",
+        "benchmarks/vs_trl.py",
+        *session.posargs,
+        env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+    )
+
+
+@nox.session(python=PYTHON)
 def vllm_api(session: nox.Session) -> None:
     """Optional: install vLLM here (import only, no GPU needed) and check that every vLLM name,
     argument and output field the ``vllm`` rollout engine uses exists in that release.
