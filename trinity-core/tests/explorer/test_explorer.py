@@ -224,3 +224,24 @@ def test_sync_weights_and_bench(tmp_path, tiny_model_path, plugins):
     assert sorted(explorer.bench(ckpts)) == [20]
     with pytest.raises(FileNotFoundError, match="global_step"):
         explorer.bench(tmp_path / "nothing")
+
+
+def test_the_tasks_of_an_explore_step_share_one_generate(
+    tmp_path, tiny_model_path, engine, plugins, monkeypatch
+):
+    """Runners mark their tasks as callers of the engine, and the engine's next ``generate``
+    waits for each marked task's call: the first runner to call no longer starts alone with the
+    others queued behind it (two generates a step instead of one). The waiting limits are raised
+    here so that only the calls arriving can end the wait, however loaded the machine is."""
+    monkeypatch.setattr(engine, "batch_wait", 60.0)
+    monkeypatch.setattr(engine, "batch_gap", 60.0)
+    config = _config(tmp_path, tiny_model_path, rows=12)
+    config.buffer.batch_size = 6
+    config.explorer.runner_per_model = 6
+    explorer = Explorer(config, engines=[engine], writer=ListWriter())
+    for _ in range(2):
+        before = (engine.batches_run, engine.calls_batched)
+        explorer.explore_step()
+        assert (engine.batches_run - before[0], engine.calls_batched - before[1]) == (1, 6)
+    assert engine._callers == 0  # every task unmarked itself
+    explorer.shutdown()

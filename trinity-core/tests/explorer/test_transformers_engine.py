@@ -275,3 +275,64 @@ def test_a_failing_batch_fails_every_caller_in_it(engine, monkeypatch):
     monkeypatch.undo()
     assert engine._queue == []  # nothing left behind for the next caller
     assert len(engine.generate_tokens([engine.encode("ab")], args)) == 1
+
+
+def _in_thread(fn):
+    import threading
+
+    out: list = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_call_from_outside_a_runner_never_waits_for_others(engine, monkeypatch):
+    # Waiting limits that would hold a waiting call for a minute: a call with no runner task
+    # marked on the engine (the OpenAI server, a script) must not wait at all.
+    monkeypatch.setattr(engine, "batch_wait", 60.0)
+    monkeypatch.setattr(engine, "batch_gap", 60.0)
+    thread, out = _in_thread(
+        lambda: engine.generate_tokens([engine.encode("ab")], SamplingArgs(n=1, max_tokens=3))
+    )
+    thread.join(timeout=30)
+    assert out and len(out[0]) == 1
+
+
+def test_a_marked_task_busy_elsewhere_holds_a_batch_only_for_the_gap(engine, monkeypatch):
+    # One runner task is marked but never calls (busy in its environment): the batch of the one
+    # that calls starts once no call came for batch_gap, long before batch_wait.
+    monkeypatch.setattr(engine, "batch_wait", 60.0)
+    monkeypatch.setattr(engine, "batch_gap", 0.05)
+    with engine.caller():
+        with engine.caller():
+            assert engine._callers == 2
+            thread, out = _in_thread(
+                lambda: engine.generate_tokens([engine.encode("ab")], SamplingArgs(n=2, max_tokens=3))
+            )
+            thread.join(timeout=30)
+            assert out and len(out[0][0]) == 2
+    assert engine._callers == 0
+
+
+def test_marked_tasks_calling_at_different_moments_share_one_generate(engine, monkeypatch):
+    import threading
+    import time
+
+    monkeypatch.setattr(engine, "batch_wait", 60.0)
+    monkeypatch.setattr(engine, "batch_gap", 60.0)
+    args = SamplingArgs(n=2, max_tokens=4)
+    results: list = [None] * 4
+
+    def task(i):
+        with engine.caller():
+            time.sleep(0.02 * i)  # the calls arrive one by one
+            results[i] = engine.generate_tokens([engine.encode(f"{i}+1=")], args)
+
+    before = (engine.batches_run, engine.calls_batched)
+    threads = [threading.Thread(target=task, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert all(r is not None and len(r[0]) == 2 for r in results)
+    assert (engine.batches_run - before[0], engine.calls_batched - before[1]) == (1, 4)

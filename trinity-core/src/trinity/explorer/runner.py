@@ -164,6 +164,18 @@ async def _in_daemon_thread(fn: Callable[[], Any]) -> Any:
     return await future
 
 
+def _marked_as_callers(models: list[Any]) -> contextlib.ExitStack:
+    """Marks a running task as a caller of the engines behind ``models`` (engines that batch
+    concurrent calls, such as the transformers engine, wait a little for its calls)."""
+    stack = contextlib.ExitStack()
+    engines = {id(e): e for e in (getattr(m, "engine", None) for m in models) if e is not None}
+    for engine in engines.values():
+        caller = getattr(engine, "caller", None)
+        if callable(caller):
+            stack.enter_context(caller())
+    return stack
+
+
 class WorkflowRunner:
     """Runs tasks one at a time against one model (and the auxiliary models)."""
 
@@ -240,6 +252,10 @@ class WorkflowRunner:
     async def run_task(self, task: Task, timeout: float | None = None, timeout_key: str = "") -> TaskResult:
         """Run ``task`` with timeout (``timeout``, default ``max_timeout``; ``timeout_key`` names
         the setting that chose it) and retries; never raises for a workflow's fault."""
+        with _marked_as_callers([self.model, *self.auxiliary_models]):
+            return await self._run_task(task, timeout, timeout_key)
+
+    async def _run_task(self, task: Task, timeout: float | None, timeout_key: str) -> TaskResult:
         timeout = self.max_timeout if timeout is None else timeout
         timeout_key = timeout_key or "explorer.max_timeout"
         result = TaskResult(task)
