@@ -8,7 +8,7 @@ import pytest
 
 from trinity.actors import use_cpu_share
 from trinity.config import Config, ConfigError, resolve_config
-from trinity.placement import actor_resources, cpu_shares
+from trinity.placement import actor_resources, cpu_shares, takes_turns
 
 
 def _config(mode="both", engine="transformers", engine_num=1, trainer="native", **sync) -> Config:
@@ -53,10 +53,27 @@ def test_single_role_modes():
     assert actor_resources(_config(mode="explore"), 1)["explorer"]["num_gpus"] == 1
 
 
-@pytest.mark.parametrize("sync", [{}, {"sync_offset": 1}, {"sync_interval": 2}, {"sync_style": "dynamic"}])
-def test_cpu_roles_of_one_stage_split_the_cores(sync):
-    # Even strictly on-policy (the default sync), an eval overlaps the trainer's step.
+@pytest.mark.parametrize(
+    "sync",
+    [
+        {"sync_offset": 1},
+        {"sync_interval": 2},
+        {"sync_style": "dynamic"},
+        {"sync_style": "explorer_driven"},
+        {"sync_style": "trainer_driven"},
+    ],
+)
+def test_cpu_roles_that_may_compute_at_once_split_the_cores(sync):
+    assert not takes_turns(_config(**sync))
     assert cpu_shares(_config(**sync), 0) == {"explorer": 0.5, "trainer": 0.5}
+
+
+@pytest.mark.parametrize("mode", ["both", "colocate"])
+def test_roles_taking_turns_give_the_trainer_every_core(mode):
+    # Strictly on-policy (the default sync): no explore step or eval overlaps a train step
+    # (tests/e2e), so the trainer's large matrix products may use every core.
+    assert takes_turns(_config(mode=mode))
+    assert cpu_shares(_config(mode=mode), 0) == {"explorer": 0.5, "trainer": 1.0}
 
 
 @pytest.mark.parametrize(
@@ -99,7 +116,8 @@ def test_colocate_shares_one_gpu_however_many_the_cluster_has(gpus):
 
 def test_colocate_on_cpu_runs_as_both_sharing_the_cores():
     assert actor_resources(_config(mode="colocate"), 0) == actor_resources(_config(mode="both"), 0)
-    assert cpu_shares(_config(mode="colocate"), 0) == {"explorer": 0.5, "trainer": 0.5}
+    assert cpu_shares(_config(mode="colocate"), 0) == cpu_shares(_config(mode="both"), 0)
+    assert cpu_shares(_config(mode="colocate", sync_offset=1), 0) == {"explorer": 0.5, "trainer": 0.5}
 
 
 def _colocate(**keys) -> Config:
