@@ -1,6 +1,7 @@
 """The quickstart's GRPO stage against TRL's ``GRPOTrainer``: time per step and held-out accuracy.
 
-    python benchmarks/vs_trl.py [--steps 120] [--eval-every 40] [--repeats 2] [--threads 2]
+    python benchmarks/vs_trl.py [--steps 120] [--eval-every 10] [--repeats 2] [--threads N]
+                                [--trinity-threads 0]
     python benchmarks/vs_trl.py --quick        # smoke run: SFT 60 steps, GRPO 4, evaluated every 2
     nox -s bench_trl -- --quick                # the same in a venv with TRL installed
 
@@ -88,14 +89,21 @@ def write_yaml(path: Path, data: dict[str, Any]) -> Path:
 
 
 def trinity_env(quickstart_dir: Path, threads: int) -> dict[str, str]:
-    # OMP_NUM_THREADS travels to Trinity's actors and replaces its own share of the cores.
-    return {
+    """The environment of a ``trinity run`` (and of the TRL worker, which sets its own threads).
+
+    ``threads`` > 0 sets ``OMP_NUM_THREADS``, which travels to Trinity's actors and replaces its
+    own share of the cores; 0 leaves Trinity's default (``trinity.placement.cpu_shares``: the
+    cores split between the actors that compute), as a user runs it."""
+    env = {
         **os.environ,
         "QUICKSTART_DIR": str(quickstart_dir),
-        "OMP_NUM_THREADS": str(threads),
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
     }
+    env.pop("OMP_NUM_THREADS", None)
+    if threads > 0:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return env
 
 
 def resolved_stage(config_path: Path, env: dict[str, str]) -> Any:
@@ -167,11 +175,15 @@ def build_sft(work: Path, sft_steps: int, threads: int) -> Path:
 # Trinity: the quickstart's grpo stage
 
 
-def grpo_config(sft: Path, work: Path, name: str, steps: int, eval_every: int) -> dict[str, Any]:
+def grpo_config(
+    sft: Path, work: Path, name: str, steps: int, eval_every: int, seed: int = SEED
+) -> dict[str, Any]:
     """quickstart.yaml's top level with its ``grpo`` stage applied, starting from ``sft``.
 
     Changed: the steps, the folders, weights saved every ``eval_every`` steps for the shared
-    evaluator instead of Trinity's own evaluation (which would run inside the timed steps)."""
+    evaluator instead of Trinity's own evaluation (which would run inside the timed steps), and
+    the sampling and training ``seed`` (each repeat its own; the data order stays the
+    quickstart's)."""
     config = quickstart_yaml()
     (stage,) = [s for s in config.pop("stages") if s["stage_name"] == "grpo"]
     config["mode"] = stage["mode"]
@@ -182,6 +194,8 @@ def grpo_config(sft: Path, work: Path, name: str, steps: int, eval_every: int) -
     config["buffer"]["explorer_input"]["eval_tasksets"] = []
     config["explorer"]["eval_on_startup"] = False
     config["trainer"]["save_interval"] = eval_every
+    config["trainer"]["seed"] = seed
+    config["explorer"]["rollout_model"]["seed"] = seed
     return config
 
 
@@ -197,9 +211,10 @@ def event_times(folder: Path, tag: str) -> list[tuple[int, float, float]]:
 def run_trinity(sft: Path, qdir: Path, work: Path, repeat: int, args: argparse.Namespace) -> dict[str, Any]:
     name = f"grpo-r{repeat}"
     config_path = write_yaml(
-        work / f"trinity-{name}.yaml", grpo_config(sft, work, name, args.steps, args.eval_every)
+        work / f"trinity-{name}.yaml",
+        grpo_config(sft, work, name, args.steps, args.eval_every, SEED + repeat),
     )
-    env = trinity_env(qdir, args.threads)
+    env = trinity_env(qdir, args.trinity_threads)
     job = job_dir(config_path, env)
     # A fresh job folder: an earlier run's tensorboard events would be read as this run's.
     shutil.rmtree(job, ignore_errors=True)
@@ -247,7 +262,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def trl_config_kwargs(out: Path, steps: int) -> dict[str, Any]:
+def trl_config_kwargs(out: Path, steps: int, seed: int = SEED) -> dict[str, Any]:
     """GRPOConfig arguments matching the quickstart's grpo stage (see SETTINGS)."""
     return {
         "output_dir": str(out),
@@ -280,7 +295,7 @@ def trl_config_kwargs(out: Path, steps: int) -> dict[str, Any]:
         "scale_rewards": "group",
         "max_steps": steps,
         "shuffle_dataset": False,  # the dataset is already in Trinity's order
-        "seed": SEED,
+        "seed": seed,
         "save_strategy": "no",  # the callback saves the weights the evaluator reads
         "report_to": "none",
         "logging_steps": 1,
@@ -341,7 +356,7 @@ def trl_worker(spec_path: Path) -> None:
     trainer = GRPOTrainer(
         model=spec["model"],
         reward_funcs=[math_reward],
-        args=GRPOConfig(**trl_config_kwargs(out, steps)),
+        args=GRPOConfig(**trl_config_kwargs(out, steps, spec["seed"])),
         train_dataset=dataset,
         processing_class=AutoTokenizer.from_pretrained(spec["model"]),
         callbacks=[clock],
@@ -367,6 +382,7 @@ def run_trl(sft: Path, qdir: Path, work: Path, repeat: int, args: argparse.Names
         "steps": args.steps,
         "eval_every": args.eval_every,
         "threads": args.threads,
+        "seed": SEED + repeat,
         "out": str(out),
         "launched": time.time(),
     }
@@ -490,7 +506,7 @@ SETTINGS = [
         "on (transformers engine)",
         "on (use_cache=True; transformers 5's Trainer default is off)",
     ),
-    ("seed", f"{SEED}", f"{SEED}"),
+    ("seed", f"{SEED} + repeat (trainer.seed, rollout_model.seed)", f"{SEED} + repeat (seed)"),
 ]
 
 UNMATCHED = [
@@ -514,9 +530,11 @@ UNMATCHED = [
     ),
     (
         "processes and threads",
-        "Trinity runs the explorer and the trainer in two Ray actors, each with OMP_NUM_THREADS=--threads "
-        "(strictly on-policy, sync_interval 1 / offset 0, they take turns), plus the Ray driver; TRL is one "
-        "process with torch.set_num_threads(--threads). Trinity cannot run its both mode in one process.",
+        "Trinity runs the explorer and the trainer in two Ray actors (strictly on-policy, sync_interval 1 / "
+        "offset 0: they take turns) plus the Ray driver, with its own split of the cores by default "
+        "(trinity.placement.cpu_shares: the trainer every core, the explorer half) or OMP_NUM_THREADS="
+        "--trinity-threads each; TRL is one process with torch.set_num_threads(--threads), every core by "
+        "default. Trinity cannot run its both mode in one process.",
     ),
     (
         "prompt length limit",
@@ -525,9 +543,10 @@ UNMATCHED = [
     ),
     (
         "sampling randomness",
-        "both seed 0, but the random streams differ (different processes and call orders), so the "
-        "sampled completions differ. Each side repeats itself exactly (same accuracies in every "
-        "repeat), so --repeats averages timing noise, not sampling luck.",
+        "repeat r seeds both sides with r (Trinity's trainer.seed and rollout_model.seed, TRL's seed; "
+        "the data order stays the quickstart's), but their random streams differ (different "
+        "processes and call orders), so the sampled completions differ. Each side repeats itself "
+        "exactly for a given seed, so --repeats averages sampling luck as well as timing noise.",
     ),
     (
         "checkpoints",
@@ -576,7 +595,7 @@ def check_settings(sft: Path, qdir: Path, work: Path, args: argparse.Namespace) 
     path = write_yaml(
         work / "trinity-check.yaml", grpo_config(sft, work, "check", args.steps, args.eval_every)
     )
-    c = resolved_stage(path, trinity_env(qdir, args.threads))
+    c = resolved_stage(path, trinity_env(qdir, args.trinity_threads))
     a, o = c.algorithm, c.algorithm.optimizer
     found = {
         "batch": (c.buffer.batch_size, a.repeat_times),
@@ -610,11 +629,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", type=Path, default=Path("bench-vs-trl"), help="default ./bench-vs-trl")
     parser.add_argument("--steps", type=int, default=120, help="GRPO steps of each run (default 120)")
-    parser.add_argument("--eval-every", type=int, default=40, help="evaluate every N steps (default 40)")
+    parser.add_argument("--eval-every", type=int, default=10, help="evaluate every N steps (default 10)")
     parser.add_argument(
         "--repeats", type=int, default=2, help="runs of each, alternating the order (default 2)"
     )
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of each side (default 2)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch threads of TRL's process and of the evaluator (default: every core, as TRL runs)",
+    )
+    parser.add_argument(
+        "--trinity-threads",
+        type=int,
+        default=0,
+        help="OMP_NUM_THREADS of each Trinity actor; 0 (default): Trinity's own split of the cores",
+    )
     parser.add_argument(
         "--sft-steps",
         type=int,
@@ -640,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    sft = build_sft(work, args.sft_steps, args.threads)
+    sft = build_sft(work, args.sft_steps, args.trinity_threads)
     qdir = work / f"quickstart-sft{args.sft_steps}"
     check_settings(sft, qdir, work, args)
 
@@ -718,7 +748,8 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     line = "=" * 78
     print(
         f"\n{line}\nTrinity (quickstart grpo stage) vs TRL {r['trl_version']} GRPOTrainer, CPU, "
-        f"{args.threads} torch threads each, {args.steps} steps x {args.repeats} repeat(s)\n{line}"
+        f"Trinity threads: {args.trinity_threads or 'its own split of the cores'}, TRL threads: {args.threads}, "
+        f"{args.steps} steps x {args.repeats} repeat(s)\n{line}"
     )
     m = r["median_step_s"]
     print(
