@@ -95,13 +95,10 @@ def cpu_shares(config: Config, cluster_gpus: float) -> dict[str, float]:
     that may compute at the same time (asynchronous sync settings) get half each: torch threads
     that oversubscribe the cores slow both down several times over (measured: a 100-prompt eval
     took 7.4 s instead of 1.7 s on 2 cores when it overlapped a train step). Two that take turns
-    (:func:`takes_turns`) do not compete, so the trainer takes every core during its steps: its
-    forward and backward passes are large matrix products that gain from more threads
-    (quickstart GRPO on 2 cores: train step 0.64 s -> 0.39 s). The explorer keeps half:
-    generation is many small per-token operations, and in the explorer actor two threads made
-    it slower (rollout 0.42 s with one thread, 0.46-0.48 s with two). Roles on a GPU, or whose
-    back-end computes elsewhere (vLLM, veRL), are left out: Ray's one thread is enough to drive
-    them.
+    (:func:`takes_turns`) never compete, so each gets every core while it computes (quickstart
+    GRPO on 2 cores, paired runs: 0.78 s a step against 0.85 s with one thread for the explorer
+    and 1.10 s with one each; docs/performance.md). Roles on a GPU, or whose back-end computes
+    elsewhere (vLLM, veRL), are left out: Ray's one thread is enough to drive them.
     """
     resources = actor_resources(config, cluster_gpus)
     on_cpu = [
@@ -109,7 +106,6 @@ def cpu_shares(config: Config, cluster_gpus: float) -> dict[str, float]:
         for role in ("explorer", "trainer")
         if runs(config, role) and _model_in_actor(config, role) and "num_gpus" not in resources[role]
     ]
-    shares = {role: 1.0 / len(on_cpu) for role in on_cpu}
-    if len(on_cpu) == 2 and takes_turns(config):
-        shares["trainer"] = 1.0
-    return shares
+    # Roles that take turns never compete for the cores; roles that may compute at once split them.
+    share = 1.0 if takes_turns(config) else 1.0 / max(1, len(on_cpu))
+    return {role: share for role in on_cpu}
