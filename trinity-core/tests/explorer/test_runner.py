@@ -327,3 +327,19 @@ def test_the_history_holds_only_the_current_attempts_calls_and_never_grows(engin
     assert model.extract_experience_from_history() == []
     warnings = [r for r in caplog.records if "left 2 recorded model calls" in r.getMessage()]
     assert len(warnings) == 1 and "enable_history" in warnings[0].getMessage()
+
+
+def test_a_blocking_run_never_formats_the_experiences(monkeypatch):
+    # asyncio.run, on the main thread, formats its main task (result included) when it checks
+    # its SIGINT handler at the end; a result holding the step's Experiences had every tensor
+    # printed, twice a step (~40 ms each in the quickstart). The blocking run keeps them out of it.
+    import signal
+    import threading
+
+    assert threading.current_thread() is threading.main_thread()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # asyncio.run installs its own
+    formatted = []
+    monkeypatch.setattr(Experience, "__repr__", lambda self: formatted.append(self) or "Experience(...)")
+    results = _pool(runner_per_model=2).run_tasks([_task(Counting, i) for i in range(3)])
+    assert [len(r.experiences) for r in results] == [1, 1, 1]
+    assert formatted == []

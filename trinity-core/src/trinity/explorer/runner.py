@@ -477,11 +477,21 @@ class RunnerPool:
         observe: bool = True,
     ) -> list[TaskResult]:
         """Blocking :meth:`run_tasks_async` (not from inside a running event loop)."""
-        return asyncio.run(
-            self.run_tasks_async(
-                tasks, min_finished=min_finished, wait_after_min=wait_after_min, observe=observe
+        results: list[TaskResult] = []
+
+        async def main() -> None:
+            # The main task returns nothing: on the main thread asyncio.run (Python 3.11) looks
+            # at the SIGINT handler it installed, and signal.getsignal formats that handler, the
+            # main task and its result included; with the step's Experiences as the result that
+            # repr printed every tensor: 40 ms twice an explore step in the quickstart.
+            results.extend(
+                await self.run_tasks_async(
+                    tasks, min_finished=min_finished, wait_after_min=wait_after_min, observe=observe
+                )
             )
-        )
+
+        asyncio.run(main())
+        return results
 
 
 def _as_list(entry: Any, what: str) -> list[Any]:
