@@ -1,6 +1,6 @@
 """The quickstart's GRPO stage against TRL's ``GRPOTrainer``: time per step and held-out accuracy.
 
-    python benchmarks/vs_trl.py [--steps 120] [--eval-every 10] [--repeats 2] [--threads N]
+    python benchmarks/vs_trl.py [--steps 120] [--eval-every 10] [--repeats 4] [--threads N]
                                 [--trinity-threads 0]
     python benchmarks/vs_trl.py --quick        # smoke run: SFT 60 steps, GRPO 4, evaluated every 2
     nox -s bench_trl -- --quick                # the same in a venv with TRL installed
@@ -13,7 +13,10 @@
    ``GRPOTrainer`` (in a subprocess of this script) with the settings matched one by one
    (printed). TRL sees the prompts in the order Trinity's ``shuffle`` selector reads them.
 3. Interleaves the two: repeat ``r`` runs Trinity then TRL when ``r`` is even, TRL then Trinity
-   when odd, so drift in machine load hits both alike.
+   when odd, so drift in machine load hits both alike. Repeat ``r`` seeds both sides with
+   ``r`` (sampling and training; the data order stays the quickstart's), so the mean accuracy
+   averages sampling luck too. Each side runs as its user runs it: TRL with every core,
+   Trinity with its own split of the cores (``--trinity-threads`` forces a thread count).
 4. Evaluates both with one evaluator, in this process, after training: every ``--eval-every``
    steps' weights generate greedily for the 100 held-out problems (one batched ``generate``)
    and ``math_reward`` scores the answers.
@@ -631,7 +634,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=120, help="GRPO steps of each run (default 120)")
     parser.add_argument("--eval-every", type=int, default=10, help="evaluate every N steps (default 10)")
     parser.add_argument(
-        "--repeats", type=int, default=2, help="runs of each, alternating the order (default 2)"
+        "--repeats",
+        type=int,
+        default=4,
+        help="runs of each, alternating the order, repeat r seeded with r (default 4)",
     )
     parser.add_argument(
         "--threads",
