@@ -7,7 +7,7 @@ that drive them ask for none; the transformers engine and the native trainer run
 actors, so those actors ask for the GPUs themselves. On a single GPU shared by both roles,
 each gets half of it (they take turns, as a colocated setup does). ``mode: colocate`` asks for
 exactly that (Trinity-RFT's meaning): the two roles share one GPU however many the cluster has;
-on a CPU-only cluster it runs as ``both``, the roles splitting the cores.
+on a CPU-only cluster it runs as ``both``, the roles sharing the cores (:func:`cpu_shares`).
 
 Actors are placed by resources only, never by node name: Ray puts each where its CPUs and GPUs
 are free, on any node of the cluster the job joined (``cluster.ray_address``).
