@@ -40,6 +40,24 @@ def test_tensorboard_writes_scalars(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("actor/pg_loss")] == [(1, 0.5), (2, 1.0), (3, 1.5)]
 
 
+def test_tensorboard_monitor_does_not_import_torch(tmp_path):
+    # The launcher's driver logs through it; importing torch there cost 1.9 s of start-up.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from trinity.monitor.tensorboard import TensorboardMonitor, read_scalars\n"
+        f"m = TensorboardMonitor({str(tmp_path)!r}, 'trainer')\n"
+        "m.log({'a': 1.0, 'b': 2}, 1)\n"
+        "m.close()\n"
+        f"assert read_scalars({str(tmp_path / 'trainer')!r}) == {{'a': [(1, 1.0)], 'b': [(1, 2.0)]}}\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_read_scalars_returns_what_was_logged(tmp_path):
     from trinity.monitor.tensorboard import read_scalars
 

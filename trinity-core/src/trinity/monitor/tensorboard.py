@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from trinity.monitor.base import Monitor, scalar_metrics
@@ -26,19 +27,25 @@ def read_scalars(log_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, f
 
 
 class TensorboardMonitor(Monitor):
-    """Writes every numeric metric as a scalar with ``torch.utils.tensorboard``."""
+    """Writes every numeric metric as a scalar event, with the ``tensorboard`` package's own
+    event-file writer (what ``torch.utils.tensorboard.SummaryWriter`` writes through; importing
+    that would import torch into the driver: 1.9 s of every job's start-up here, against 0.3 s)."""
 
     def __init__(self, log_dir: str, role: str = "trainer") -> None:
         super().__init__(role)
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self.log_dir = os.path.join(log_dir, role)
         os.makedirs(self.log_dir, exist_ok=True)
-        self._writer = SummaryWriter(log_dir=self.log_dir)
+        self._writer = EventFileWriter(self.log_dir)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        for key, value in scalar_metrics(metrics).items():
-            self._writer.add_scalar(key, value, global_step=step)
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=k, simple_value=v) for k, v in scalar_metrics(metrics).items()]
+        if values:
+            self._writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
         # Flushing each step keeps the files current for a live TensorBoard and for crashes.
         self._writer.flush()
 
