@@ -303,14 +303,13 @@ def test_a_marked_task_busy_elsewhere_holds_a_batch_only_for_the_gap(engine, mon
     # that calls starts once no call came for batch_gap, long before batch_wait.
     monkeypatch.setattr(engine, "batch_wait", 60.0)
     monkeypatch.setattr(engine, "batch_gap", 0.05)
-    with engine.caller():
-        with engine.caller():
-            assert engine._callers == 2
-            thread, out = _in_thread(
-                lambda: engine.generate_tokens([engine.encode("ab")], SamplingArgs(n=2, max_tokens=3))
-            )
-            thread.join(timeout=30)
-            assert out and len(out[0][0]) == 2
+    with engine.caller(), engine.caller():
+        assert engine._callers == 2
+        thread, out = _in_thread(
+            lambda: engine.generate_tokens([engine.encode("ab")], SamplingArgs(n=2, max_tokens=3))
+        )
+        thread.join(timeout=30)
+        assert out and len(out[0][0]) == 2
     assert engine._callers == 0
 
 
