@@ -75,7 +75,8 @@ def takes_turns(config: Config) -> bool:
     ``sync_style: fixed`` with ``sync_interval: 1`` and ``sync_offset: 0`` (strictly on-policy):
     explore step ``N + 1`` waits for the weights of train step ``N``, train step ``N + 1`` for the
     experiences of explore step ``N + 1``, and evals wait for the weights they are due on, so
-    they run between train steps (tested end to end)."""
+    they run between train steps (``tests/launcher/test_sync_styles.py`` checks that no explore
+    step or eval overlaps a train step)."""
     from trinity.sync.synchronizer import ALIASES
 
     sync = config.synchronizer
