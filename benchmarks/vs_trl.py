@@ -95,8 +95,8 @@ def trinity_env(quickstart_dir: Path, threads: int) -> dict[str, str]:
     """The environment of a ``trinity run`` (and of the TRL worker, which sets its own threads).
 
     ``threads`` > 0 sets ``OMP_NUM_THREADS``, which travels to Trinity's actors and replaces its
-    own share of the cores; 0 leaves Trinity's default (``trinity.placement.cpu_shares``: the
-    cores split between the actors that compute), as a user runs it."""
+    own share of the cores; 0 leaves Trinity's default (``trinity.placement.cpu_shares``), as a
+    user runs it."""
     env = {
         **os.environ,
         "QUICKSTART_DIR": str(quickstart_dir),
@@ -535,7 +535,7 @@ UNMATCHED = [
         "processes and threads",
         "Trinity runs the explorer and the trainer in two Ray actors (strictly on-policy, sync_interval 1 / "
         "offset 0: they take turns) plus the Ray driver, with its own split of the cores by default "
-        "(trinity.placement.cpu_shares: the trainer every core, the explorer half) or OMP_NUM_THREADS="
+        "(trinity.placement.cpu_shares: taking turns, each every core) or OMP_NUM_THREADS="
         "--trinity-threads each; TRL is one process with torch.set_num_threads(--threads), every core by "
         "default. Trinity cannot run its both mode in one process.",
     ),
