@@ -71,7 +71,7 @@ def test_cpu_roles_that_may_compute_at_once_split_the_cores(sync):
 @pytest.mark.parametrize("mode", ["both", "colocate"])
 def test_roles_taking_turns_each_get_every_core(mode):
     # Strictly on-policy (the default sync): no explore step or eval overlaps a train step
-    # (tests/e2e), so each role may use every core while it computes.
+    # (test_sync_styles.py), so each role may use every core while it computes.
     assert takes_turns(_config(mode=mode))
     assert cpu_shares(_config(mode=mode), 0) == {"explorer": 1.0, "trainer": 1.0}
 
