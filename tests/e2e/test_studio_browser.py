@@ -283,7 +283,12 @@ def test_expert_mode_shows_every_section(browser, studio):
         summary = f'details[data-section="{section}"] > summary'
         _wait(browser, lambda d, summary=summary: _css(d, summary), what=section)
         _css(browser, summary)[0].click()
-    add = [b for b in _css(browser, "button") if b.text == "add eval_tasksets item"]
+    # The button shows once its section has opened (a button's text is empty until visible).
+    add = _wait(
+        browser,
+        lambda d: [b for b in _css(d, "button") if b.text == "add eval_tasksets item"],
+        what="the eval_tasksets add button",
+    )
     add[0].click()
     _wait(
         browser,
