@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trinity._lazy import lazy_import
+from trinity.trainer.shared_prompt import full_logits, shared_prompt_logits
 
 if TYPE_CHECKING:
     import torch
@@ -17,17 +18,18 @@ else:
     torch = lazy_import("torch")
 
 
-def response_logits(model: Any, batch: dict[str, Any], temperature: float = 1.0) -> torch.Tensor:
-    """Logits ``(B, T, V)`` (float32) predicting each response token."""
-    width = batch["response_mask"].shape[-1]
-    out = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        use_cache=False,
-        logits_to_keep=width + 1,
-    )
-    logits = out.logits[:, :-1, :].float()
+def response_logits(
+    model: Any, batch: dict[str, Any], temperature: float = 1.0, *, share_prompt: bool = False
+) -> torch.Tensor:
+    """Logits ``(B, T, V)`` (float32) predicting each response token.
+
+    ``share_prompt``: run each distinct prompt once and the responses on its cache
+    (:mod:`trinity.trainer.shared_prompt`; the same logits up to rounding) when rows share prompts.
+    """
+    logits = shared_prompt_logits(model, batch) if share_prompt else None
+    if logits is None:
+        logits = full_logits(model, batch)
+    logits = logits.float()
     if temperature != 1.0:
         # The explorer sampled from softmax(logits / temperature); score the same distribution.
         logits = logits / temperature
@@ -59,12 +61,17 @@ def nec_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def policy_stats(
-    model: Any, batch: dict[str, Any], names: tuple[str, ...], *, temperature: float = 1.0
+    model: Any,
+    batch: dict[str, Any],
+    names: tuple[str, ...],
+    *,
+    temperature: float = 1.0,
+    share_prompt: bool = False,
 ) -> dict[str, torch.Tensor]:
     """No-grad ``old_logprob`` / ``old_entropy`` / ``old_nec`` ``(B, T)`` (those in ``names``)
     of the response tokens, from one forward pass."""
     with torch.no_grad():
-        logits = response_logits(model, batch, temperature)
+        logits = response_logits(model, batch, temperature, share_prompt=share_prompt)
         out: dict[str, torch.Tensor] = {}
         if "old_logprob" in names:
             p = batch["prompt_length"]
@@ -82,13 +89,15 @@ def forward_logprobs(
     *,
     temperature: float = 1.0,
     entropy: str = "none",
+    share_prompt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(logprob (B, T), entropy (B, T) or None)`` of the response tokens.
 
     ``entropy``: ``"none"``, ``"detached"`` (for metrics only) or ``"grad"`` (for an entropy loss).
-    Padding positions hold values too; callers mask them.
+    ``share_prompt``: see :func:`response_logits`. Padding positions hold values too; callers
+    mask them.
     """
-    logits = response_logits(model, batch, temperature)
+    logits = response_logits(model, batch, temperature, share_prompt=share_prompt)
     p = batch["prompt_length"]
     labels = batch["input_ids"][:, p:]
     logprob = logprobs_from_logits(logits, labels)

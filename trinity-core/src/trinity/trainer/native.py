@@ -82,6 +82,7 @@ class NativeTrainer:
         # DPO losses average over pairs: weight micro-batches by rows and never split a pair.
         self.pairs = self.algorithm_type.schema == "dpo"
         self.use_ref = comps.use_reference
+        self.share_prompt = t.share_prompt_forward
 
         model_path, trust = config.model.model_path, config.model.trust_remote_code
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust)
@@ -157,7 +158,9 @@ class NativeTrainer:
                 result = (
                     forward_values(model, mb)
                     if values
-                    else forward_logprobs(model, mb, temperature=temperature)[0]
+                    else forward_logprobs(model, mb, temperature=temperature, share_prompt=self.share_prompt)[
+                        0
+                    ]
                 )
             out[torch.as_tensor(rows, device=out.device)] = result.float()
         return out
@@ -172,7 +175,13 @@ class NativeTrainer:
         for rows in groups:
             mb = micro_batch(batch, rows)
             with self._autocast():
-                stats = policy_stats(self.model, mb, names, temperature=self.config.model.temperature)
+                stats = policy_stats(
+                    self.model,
+                    mb,
+                    names,
+                    temperature=self.config.model.temperature,
+                    share_prompt=self.share_prompt,
+                )
             index = torch.as_tensor(rows, device=batch["action_mask"].device)
             for name, value in stats.items():
                 out[name][index] = value.float()
@@ -254,7 +263,11 @@ class NativeTrainer:
                 mb = micro_batch(batch, rows)
                 with self._autocast():
                     logprob, entropy = forward_logprobs(
-                        self.model, mb, temperature=temperature, entropy=entropy_mode
+                        self.model,
+                        mb,
+                        temperature=temperature,
+                        entropy=entropy_mode,
+                        share_prompt=self.share_prompt,
                     )
                 if fill_old and epoch == 0:
                     mb["old_logprob"] = logprob.detach()

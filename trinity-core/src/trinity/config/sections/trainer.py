@@ -91,6 +91,12 @@ class TrainerConfig(Section):
         False, "Use the explorer's logprobs as old logprobs instead of recomputing them (native trainer)."
     )
     seed: int = F(42, "Seed of the trainer (native trainer).")
+    share_prompt_forward: bool = F(
+        True,
+        "Run each distinct prompt of a micro-batch once and its responses on the prompt's "
+        "key/value cache (native trainer): the same log-probs and gradients up to rounding, checked "
+        "against a full pass the first time; fewer tokens when rows share prompts (GRPO groups).",
+    )
 
     @field_validator(
         "trainer_type", "save_strategy", "trainer_strategy", "dtype", "save_hf_checkpoint", mode="before"
