@@ -335,3 +335,49 @@ def test_marked_tasks_calling_at_different_moments_share_one_generate(engine, mo
         t.join(timeout=60)
     assert all(r is not None and len(r[0]) == 2 for r in results)
     assert (engine.batches_run - before[0], engine.calls_batched - before[1]) == (1, 4)
+
+
+def _fresh_engine(tiny_model_path):
+    from trinity.explorer.engines.transformers_engine import TransformersEngine
+
+    return TransformersEngine(tiny_model_path, dtype="float32", device="cpu", seed=0)
+
+
+def test_samples_of_a_prompt_share_its_prefill_and_sample_the_same(tiny_model_path):
+    prompts = ["x", "hello there", "12+34="]  # different lengths: left padding
+    shared, own = _fresh_engine(tiny_model_path), _fresh_engine(tiny_model_path)
+    own.share_prefill = False
+    widths: list[tuple[int, int]] = []
+    shared.model.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    a = shared.generate(prompts, n=4, max_tokens=12, temperature=1.0, seed=3)
+    b = own.generate(prompts, n=4, max_tokens=12, temperature=1.0, seed=3)
+    width = max(len(shared.encode(p)) for p in prompts)
+    # One pass over the 3 prompts (all but their last column), then generate() runs 12 rows from
+    # the last prompt column on.
+    assert widths[:2] == [(3, width - 1), (12, 1)]
+    assert [e.tokens.tolist() for e in a] == [e.tokens.tolist() for e in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_cache_that_cannot_be_repeated_prefills_every_row(tiny_model_path, monkeypatch, caplog):
+    from transformers import DynamicCache
+
+    def refuse(self, repeats):
+        raise NotImplementedError("no batch repeat")
+
+    monkeypatch.setattr(DynamicCache, "batch_repeat_interleave", refuse)
+    engine = _fresh_engine(tiny_model_path)
+    with caplog.at_level("WARNING", logger="trinity.explorer.engines.transformers_engine"):
+        a = engine.generate(["hello"], n=3, max_tokens=6, seed=1)
+        engine.generate(["hello"], n=3, max_tokens=6, seed=1)
+    assert engine.share_prefill is False
+    assert caplog.text.count("cannot share a prompt's prefill") == 1
+    monkeypatch.undo()
+    own = _fresh_engine(tiny_model_path)
+    own.share_prefill = False
+    assert [e.tokens.tolist() for e in a] == [
+        e.tokens.tolist() for e in own.generate(["hello"], n=3, max_tokens=6, seed=1)
+    ]

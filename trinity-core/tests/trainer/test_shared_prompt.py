@@ -79,17 +79,13 @@ def test_shared_logits_and_gradients_equal_the_full_pass(model):
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-7), (got - want).abs().max()
 
 
-def test_shared_pass_runs_fewer_tokens(model, monkeypatch):
+def test_shared_pass_runs_fewer_tokens(model):
     seen: list[int] = []
-    original = type(model).forward
-
-    def counting(self, *args, **kwargs):
-        seen.append(kwargs["input_ids"].numel())
-        return original(self, *args, **kwargs)
-
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
     batch = build_batch(_experiences(prompts=3, n=4))
     shared_prompt._verdicts[model] = True  # checked already: no comparison pass
-    monkeypatch.setattr(type(model), "forward", counting)
     response_logits(model, batch, share_prompt=True)
     p, t = batch["prompt_length"], batch["response_length"]
     assert seen == [3 * p, 12 * (t - 1)]  # 3 distinct prompts, then 12 responses on the cache

@@ -44,6 +44,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -69,6 +70,8 @@ if TYPE_CHECKING:
     from trinity.sync.group import GroupSpec
 else:
     torch = lazy_import("torch")
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16", "half": "float16"}  # fmt: skip
@@ -303,6 +306,8 @@ class TransformersEngine(RolloutEngine):
         ).to(self.device)
         self.model.eval()
         self.max_batch_size = max_batch_size
+        #: Prefill each prompt once for its ``n`` samples (see :meth:`_prompt_cache`).
+        self.share_prefill = True
         self._lock = threading.Lock()  # held while the model generates
         self._queue_lock = threading.Lock()  # guards _queue
         self._queue: list[_Call] = []
@@ -558,9 +563,12 @@ class TransformersEngine(RolloutEngine):
             stop_strings=args.stop or None,
             return_dict_in_generate=True,
         )
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        cache = self._prompt_cache(input_ids, attention_mask, args.n)
         out = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            **({"past_key_values": cache} if cache is not None else {}),
             generation_config=config,
             logits_processor=processors,
             stopping_criteria=StoppingCriteriaList([recorder.stop_cancelled] if recorder.streams else []),
@@ -595,6 +603,36 @@ class TransformersEngine(RolloutEngine):
                 )
             groups.append(group)
         return groups
+
+    def _prompt_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> Any:
+        """The key/value cache of each prompt but its last token, computed once per prompt and
+        repeated to its ``n`` rows (rows are prompt-major), or ``None`` (``n`` of 1, one-token
+        prompts, or a model whose cache cannot be repeated). ``generate`` starts from it and runs
+        only the last prompt column itself: the prompt's prefill costs 1/n of the tokens."""
+        if n < 2 or input_ids.shape[1] < 2 or not self.share_prefill:
+            return None
+        ids, mask = input_ids[::n, :-1], attention_mask[::n, :-1]
+        try:
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(n)
+        except Exception as exc:  # any failure means: this model prefills every row itself
+            self.share_prefill = False
+            logger.warning(
+                "%s cannot share a prompt's prefill between its samples (%s: %s); every row "
+                "runs its own from now on",
+                type(self.model).__name__,
+                type(exc).__name__,
+                exc,
+            )
+            return None
+        return cache
 
     def _on_step(self, recorder: StepRecorder) -> None:
         """Called in the generating thread after each decoding step's tokens were handed out
