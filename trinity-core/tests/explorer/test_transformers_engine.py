@@ -381,3 +381,65 @@ def test_a_cache_that_cannot_be_repeated_prefills_every_row(tiny_model_path, mon
     assert [e.tokens.tolist() for e in a] == [
         e.tokens.tolist() for e in own.generate(["hello"], n=3, max_tokens=6, seed=1)
     ]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"temperature": 1.0},
+        {"temperature": 0.7, "top_k": 20, "top_p": 0.9},
+        {"temperature": 0.0},
+        {"temperature": 1.0, "min_tokens": 10},
+    ],
+    ids=["sample", "top-k-p", "greedy", "min-tokens"],
+)
+def test_own_loop_samples_what_generate_samples(tiny_model_path, kwargs):
+    """The engine's loop (finished rows dropped) and transformers' generate: the same tokens,
+    log-probs and finish reasons for the same seeds."""
+    prompts = ["x", "hello there", "12+34="]
+    own, hf = _fresh_engine(tiny_model_path), _fresh_engine(tiny_model_path)
+    hf.own_loop = False
+    args = {"n": 3, "max_tokens": 12, "seed": 7, **kwargs}
+    a, b = own.generate(prompts, **args), hf.generate(prompts, **args)
+    assert own.own_loop and not hf.own_loop
+    assert [e.tokens.tolist() for e in a] == [e.tokens.tolist() for e in b]
+    assert [e.info["finish_reason"] for e in a] == [e.info["finish_reason"] for e in b]
+    assert {e.info["finish_reason"] for e in a} == {"stop", "length"}  # rows finish at different steps
+    assert min(e.response_length for e in a) >= kwargs.get("min_tokens", 1)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
+
+
+def test_own_loop_drops_finished_rows(tiny_model_path):
+    engine = _fresh_engine(tiny_model_path)
+    rows: list[int] = []
+    engine.model.register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    exps = engine.generate(["hello there"], n=8, max_tokens=30, temperature=1.0, seed=2)
+    lengths = sorted(e.response_length for e in exps)
+    assert lengths[0] < lengths[-1]  # some rows finish early (EOS) ...
+    # ... and each decoding step runs only the rows still going: one prefill of the prompt, the
+    # last prompt column for all 8 rows, then one step per token with the unfinished rows.
+    assert rows[:2] == [1, 8]
+    assert rows[2:] == [sum(length > step for length in lengths) for step in range(1, lengths[-1])]
+
+
+def test_a_cache_that_cannot_drop_rows_uses_generate(tiny_model_path, monkeypatch, caplog):
+    from transformers import DynamicCache
+
+    def refuse(self, indices):
+        raise NotImplementedError("no row selection")
+
+    monkeypatch.setattr(DynamicCache, "batch_select_indices", refuse)
+    engine = _fresh_engine(tiny_model_path)
+    with caplog.at_level("WARNING", logger="trinity.explorer.engines.transformers_engine"):
+        a = engine.generate(["hello"], n=3, max_tokens=8, seed=4)
+        engine.generate(["hello"], n=3, max_tokens=8, seed=4)
+    assert engine.own_loop is False
+    assert caplog.text.count("cannot drop finished rows") == 1
+    monkeypatch.undo()
+    own = _fresh_engine(tiny_model_path)
+    assert [e.tokens.tolist() for e in a] == [
+        e.tokens.tolist() for e in own.generate(["hello"], n=3, max_tokens=8, seed=4)
+    ]

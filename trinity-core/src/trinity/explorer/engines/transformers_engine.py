@@ -61,6 +61,7 @@ from trinity.explorer.engines.base import (
     TokenDelta,
     finish_point,
 )
+from trinity.explorer.engines.decoding import RowsCannotBeDropped, decode_rows
 from trinity.sync.broadcast import WeightReceiver, parse_metas
 from trinity.sync.group import describe_device
 
@@ -109,12 +110,20 @@ class RowSampler:
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.step >= self.uniforms.shape[1]:
+        picks = self.pick(scores, step=self.step)
+        self.step += 1
+        return torch.full_like(scores, float("-inf")).scatter_(-1, picks.unsqueeze(-1), 0.0)
+
+    def pick(self, scores: torch.Tensor, rows: torch.Tensor | None = None, step: int = 0) -> torch.Tensor:
+        """The sampled token ``(L,)`` of each row of ``scores`` ``(L, V)`` at decoding ``step``;
+        ``rows`` ``(L,)``: which rows of the batch they are (default: all, in order)."""
+        if step >= self.uniforms.shape[1]:
             raise RuntimeError(f"RowSampler was made for {self.uniforms.shape[1]} steps")
         if self.uniforms.device != scores.device:  # once: the draws live where the logits do
             self.uniforms = self.uniforms.to(scores.device)
-        draws = self.uniforms[:, self.step : self.step + 1]
-        self.step += 1
+        draws = self.uniforms[:, step : step + 1]
+        if rows is not None:
+            draws = draws[rows]
         logits = scores.float() / self.temperature
         if 0 < self.top_k < logits.shape[-1]:
             kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
@@ -129,7 +138,11 @@ class RowSampler:
         cdf = probs.double().cumsum_(-1)
         # right=True: a draw of exactly 0 lands on the first token with positive probability.
         picks = torch.searchsorted(cdf, draws * cdf[:, -1:], right=True).clamp_(max=cdf.shape[-1] - 1)
-        return torch.full_like(scores, float("-inf")).scatter_(-1, picks, 0.0)
+        return picks.squeeze(-1)
+
+
+def _greedy(logits: torch.Tensor, rows: torch.Tensor, step: int) -> torch.Tensor:
+    return logits.argmax(dim=-1)
 
 
 def row_seeds(seed: int, prompts: int, n: int) -> list[int]:
@@ -209,9 +222,7 @@ class StepRecorder:
     def stop_cancelled(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """True for the rows of cancelled calls: ``generate`` pads them from now on, and stops
         when no other row is left."""
-        return torch.tensor(
-            [call.cancelled for call, _ in self.rows], dtype=torch.bool, device=input_ids.device
-        )
+        return self.cancelled_rows().to(input_ids.device)
 
     # streamer
     def put(self, value: torch.Tensor) -> None:
@@ -219,12 +230,19 @@ class StepRecorder:
             self._prompt_seen = True
             return
         logprobs = self._pending.popleft()
-        step = logprobs.gather(-1, value.to(logprobs.device).view(-1, 1)).squeeze(-1)
-        self._steps.append(step)
+        self.record(value.view(-1), logprobs.gather(-1, value.to(logprobs.device).view(-1, 1)).squeeze(-1))
+
+    def record(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
+        """One decoding step: each row's token ``(B,)`` and its log-probability ``(B,)``."""
+        self._steps.append(logprobs)
         if self._live:
-            self._hand_out(value.view(-1).tolist(), step.tolist())
+            self._hand_out(tokens.tolist(), logprobs.tolist())
         if self.on_step is not None:
             self.on_step(self)
+
+    def cancelled_rows(self) -> torch.Tensor:
+        """``(B,)`` bool: rows of cancelled calls."""
+        return torch.tensor([call.cancelled for call, _ in self.rows], dtype=torch.bool)
 
     def end(self) -> None:
         pass
@@ -308,6 +326,9 @@ class TransformersEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         #: Prefill each prompt once for its ``n`` samples (see :meth:`_prompt_cache`).
         self.share_prefill = True
+        #: Sample with :func:`~trinity.explorer.engines.decoding.decode_rows` (drops finished
+        #: rows) rather than ``generate``, except for stop strings.
+        self.own_loop = True
         self._lock = threading.Lock()  # held while the model generates
         self._queue_lock = threading.Lock()  # guards _queue
         self._queue: list[_Call] = []
@@ -508,17 +529,9 @@ class TransformersEngine(RolloutEngine):
         seeds: list[int],
         owners: list[tuple[_Call, int]] | None = None,
     ) -> list[list[Any]]:
-        from transformers import (
-            GenerationConfig,
-            LogitsProcessorList,
-            MinNewTokensLengthLogitsProcessor,
-            StoppingCriteriaList,
-        )
-
         from trinity.experience import Experience
 
-        # One row per sample, prompt-major (row = prompt * n + k): generate() decodes greedily,
-        # which allows one sequence per input row.
+        # One row per sample, prompt-major (row = prompt * n + k): one sequence per input row.
         rows = [ids for ids in prompts for _ in range(args.n)]
         width = max(len(p) for p in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
@@ -538,44 +551,42 @@ class TransformersEngine(RolloutEngine):
             self._decode,
             self._on_step,
         )
-        # The recorder sees the raw logits first (logprobs are those of the model's distribution at
-        # the sampling temperature, as before any filter); min-tokens runs here rather than inside
-        # generate(), whose own processors would come first. Sampling happens in RowSampler (one
-        # generator per row); generate() itself decodes greedily over its output. Explicit "off"
-        # values: None would let the model's generation_config (top_k=50 by default) slip in.
-        processors = LogitsProcessorList([recorder])
-        if args.min_tokens:
-            processors.append(
-                MinNewTokensLengthLogitsProcessor(
-                    width, args.min_tokens, self.eos_token_ids, device=self.device
-                )
-            )
-        if args.temperature != 0:
-            processors.append(RowSampler(seeds, args.temperature, args.top_k, args.top_p, args.max_tokens))
-        config = GenerationConfig(
-            do_sample=False,
-            temperature=None,
-            top_k=None,
-            top_p=None,
-            max_new_tokens=args.max_tokens,
-            eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-            stop_strings=args.stop or None,
-            return_dict_in_generate=True,
-        )
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         cache = self._prompt_cache(input_ids, attention_mask, args.n)
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            **({"past_key_values": cache} if cache is not None else {}),
-            generation_config=config,
-            logits_processor=processors,
-            stopping_criteria=StoppingCriteriaList([recorder.stop_cancelled] if recorder.streams else []),
-            streamer=recorder,
-            tokenizer=self.tokenizer if args.stop else None,
+        sampler = (
+            RowSampler(seeds, args.temperature, args.top_k, args.top_p, args.max_tokens)
+            if args.temperature != 0
+            else None
         )
-        responses = out.sequences[:, width:].cpu()
+        responses = None
+        if self.own_loop and not args.stop:
+            try:
+                responses = decode_rows(
+                    self.model,
+                    input_ids,
+                    attention_mask,
+                    max_new_tokens=args.max_tokens,
+                    eos_token_ids=self.eos_token_ids,
+                    choose=sampler.pick if sampler is not None else _greedy,
+                    record=recorder.record,
+                    logprob_temperature=args.logprob_temperature,
+                    min_tokens=args.min_tokens,
+                    cancelled=recorder.cancelled_rows if recorder.streams else None,
+                    pad_token_id=self.pad_token_id,
+                    cache=cache,
+                )
+            except RowsCannotBeDropped as exc:
+                self.own_loop = False
+                logger.warning(
+                    "%s: the engine's sampling loop cannot drop finished rows (%s); using "
+                    "transformers' generate from now on",
+                    type(self.model).__name__,
+                    exc,
+                )
+                cache = self._prompt_cache(input_ids, attention_mask, args.n)  # the probe used it
+        if responses is None:
+            responses = self._hf_generate(input_ids, attention_mask, cache, args, recorder, sampler)
+        responses = responses.cpu()
         logprobs = recorder.logprobs()
         if logprobs.shape != responses.shape:
             raise RuntimeError(
@@ -603,6 +614,62 @@ class TransformersEngine(RolloutEngine):
                 )
             groups.append(group)
         return groups
+
+    def _hf_generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any,
+        args: SamplingArgs,
+        recorder: StepRecorder,
+        sampler: RowSampler | None,
+    ) -> torch.Tensor:
+        """The response columns ``(B, steps)`` from transformers' ``generate`` (stop strings, and
+        models whose cache cannot drop rows)."""
+        from transformers import (
+            GenerationConfig,
+            LogitsProcessorList,
+            MinNewTokensLengthLogitsProcessor,
+            StoppingCriteriaList,
+        )
+
+        # The recorder sees the raw logits first (logprobs are those of the model's distribution at
+        # the sampling temperature, as before any filter); min-tokens runs here rather than inside
+        # generate(), whose own processors would come first. Sampling happens in RowSampler (one
+        # generator per row); generate() itself decodes greedily over its output. Explicit "off"
+        # values: None would let the model's generation_config (top_k=50 by default) slip in.
+        width = input_ids.shape[1]
+        processors = LogitsProcessorList([recorder])
+        if args.min_tokens:
+            processors.append(
+                MinNewTokensLengthLogitsProcessor(
+                    width, args.min_tokens, self.eos_token_ids, device=self.device
+                )
+            )
+        if sampler is not None:
+            processors.append(sampler)
+        config = GenerationConfig(
+            do_sample=False,
+            temperature=None,
+            top_k=None,
+            top_p=None,
+            max_new_tokens=args.max_tokens,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            stop_strings=args.stop or None,
+            return_dict_in_generate=True,
+        )
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            **({"past_key_values": cache} if cache is not None else {}),
+            generation_config=config,
+            logits_processor=processors,
+            stopping_criteria=StoppingCriteriaList([recorder.stop_cancelled] if recorder.streams else []),
+            streamer=recorder,
+            tokenizer=self.tokenizer if args.stop else None,
+        )
+        return out.sequences[:, width:]
 
     def _prompt_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> Any:
         """The key/value cache of each prompt but its last token, computed once per prompt and
