@@ -149,3 +149,16 @@ def test_native_steps_match_with_and_without_sharing(config_factory, algorithm):
     # Adam turns rounding noise in near-zero gradients (the key bias's is zero in theory) into
     # whole lr-sized steps, so the weights are compared through what they compute.
     assert torch.allclose(lp1, lp0, atol=2e-3), (lp1 - lp0).abs().max()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: bf16 autocast on the GPU")
+def test_shared_pass_under_bf16_autocast_passes_its_check(tiny_model_path):
+    shared_prompt._verdicts.clear()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).cuda().eval()
+    batch = {
+        k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in build_batch(_experiences()).items()
+    }
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        shared = response_logits(model, batch, share_prompt=True)
+    assert shared_prompt._verdicts.get(model) is True
+    assert shared.isfinite().all()

@@ -107,7 +107,7 @@ def decode_rows(
         steps = step + 1
         done = torch.isin(picked, eos)
         if cancelled is not None:
-            done |= cancelled()[rows]
+            done |= cancelled().to(device)[rows]
         if bool(done.all()) or steps == max_new_tokens:
             break
         if bool(done.any()):
