@@ -60,6 +60,14 @@ def test_prompt_index_is_none_when_no_prompt_repeats():
     assert prompt_index(build_batch(exps)) is None
 
 
+def test_prompt_index_needs_two_rows_per_prompt_on_average():
+    """An SFT batch that holds one row twice (an epoch boundary) is not worth a second pass."""
+    exps = _experiences(prompts=4, n=1)
+    assert prompt_index(build_batch([*exps, exps[0]])) is None
+    pairs = _experiences(prompts=4, n=2)
+    assert prompt_index(build_batch(pairs)) is not None
+
+
 def test_shared_logits_and_gradients_equal_the_full_pass(model):
     batch = build_batch(_experiences())
     mask = batch["response_mask"]
