@@ -567,7 +567,8 @@ class _StepLoop:
         """Move the trainer's current weights to the explorer (both are between steps)."""
         before = self.explorer_version
         self.explorer_version = _sync(self.weights.sync)
-        logger.info(
+        # Debug: on-policy this happens every step, and the console's progress line says enough.
+        logger.debug(
             "synced weights version %d -> %d (explorer step %d, trainer step %d): %s",
             before,
             self.explorer_version,
