@@ -506,7 +506,7 @@ SETTINGS = [
     ("gradient checkpointing", "off", "off (gradient_checkpointing=False)"),
     (
         "KV cache in generation",
-        "on (transformers engine)",
+        "on (transformers engine's loop)",
         "on (use_cache=True; transformers 5's Trainer default is off)",
     ),
     ("seed", f"{SEED} + repeat (trainer.seed, rollout_model.seed)", f"{SEED} + repeat (seed)"),
@@ -527,9 +527,17 @@ UNMATCHED = [
     (
         "generation backend",
         "Trinity generates in its explorer actor (transformers engine: the 16 tasks' chat calls batched "
-        "into one generate, weights synced from the trainer in memory each step); TRL calls generate on "
-        "the training model in the same process. Both are transformers' generate on CPU; the engine "
-        "and the sync are what is being compared.",
+        "into one batch, each prompt prefilled once for its 8 samples, the engine's own sampling loop "
+        "dropping finished rows; weights synced from the trainer in memory each step); TRL calls "
+        "transformers' generate on the training model in the same process. The same samples as "
+        "generate would draw for Trinity's seeds (tested); the engine and the sync are what is compared.",
+    ),
+    (
+        "training forward",
+        "Trinity's native trainer runs each distinct prompt once per micro-batch and the 8 responses on "
+        "its key/value cache (trainer.share_prompt_forward, the default: same log-probs and gradients "
+        "up to rounding); TRL runs every row's prompt. Both are the same computation; this is how "
+        "each side does it.",
     ),
     (
         "processes and threads",
