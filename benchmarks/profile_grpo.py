@@ -57,6 +57,7 @@ PARTS = {
     "explorer": [
         ("timing/read_tasks", "read tasks"),
         ("timing/rollout", "rollout: generate + reward (workflows)"),
+        ("timing/generate", "  of which the engine's generate batches"),
         ("timing/write_experiences", "write experiences to the buffer"),
     ],
     "trainer": [

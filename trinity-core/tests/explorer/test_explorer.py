@@ -245,3 +245,27 @@ def test_the_tasks_of_an_explore_step_share_one_generate(
         assert (engine.batches_run - before[0], engine.calls_batched - before[1]) == (1, 6)
     assert engine._callers == 0  # every task unmarked itself
     explorer.shutdown()
+
+
+def test_an_explore_step_reports_the_engines_generate_time(tmp_path, tiny_model_path, engine, plugins):
+    explorer = Explorer(_config(tmp_path, tiny_model_path), engines=[engine], writer=ListWriter())
+    before = engine.generate_seconds
+    metrics = explorer.explore_step()
+    spent = engine.generate_seconds - before
+    assert spent > 0
+    assert metrics["timing/generate"] == pytest.approx(spent)
+    assert metrics["timing/generate"] <= metrics["timing/rollout"]
+
+
+def test_engines_that_do_not_count_generate_time_report_none(tmp_path, tiny_model_path, engine, plugins):
+    class Uncounted:
+        """Stands for an engine in another process (vLLM): no generate_seconds."""
+
+        def __getattr__(self, name):
+            if name == "generate_seconds":
+                raise AttributeError(name)
+            return getattr(engine, name)
+
+    explorer = Explorer(_config(tmp_path, tiny_model_path), engines=[engine], writer=ListWriter())
+    explorer.engines = [Uncounted()]
+    assert explorer._generate_seconds() is None

@@ -252,6 +252,7 @@ class Explorer:
             return None
         read_done = time.monotonic()
         step = self.explore_step_num + 1
+        generated = self._generate_seconds()
         results = self.pool.run_tasks(
             tasks,
             min_finished=self.min_finished,
@@ -289,6 +290,9 @@ class Explorer:
             "timing/write_experiences": end - run_done,
             "timing/explore_step": end - start,
         }
+        if generated is not None:
+            # The engines' share of the rollout (the rest: workflows, rewards, runner threads).
+            metrics["timing/generate"] = self._generate_seconds() - generated
         if self.pool.dynamic_timeout is not None:
             metrics["rollout/task_timeout"] = self.pool.dynamic_timeout.seconds
         metrics.update(self.taskset_reader.metrics())
@@ -296,6 +300,14 @@ class Explorer:
         if report:
             metrics[FAILURES_KEY] = report  # a string: printed by the launcher, not plotted
         return metrics
+
+    def _generate_seconds(self) -> float | None:
+        """Seconds the rollout engines have spent generating so far; ``None`` when an engine
+        does not count them (vLLM's run in their own processes)."""
+        counts = [getattr(engine, "generate_seconds", None) for engine in self.engines]
+        if not counts or any(c is None for c in counts):
+            return None
+        return float(sum(counts))
 
     def _feed_selectors(self, results: list[TaskResult]) -> None:
         """Tell the tasksets' selectors how the step's tasks went (what adaptive selectors such

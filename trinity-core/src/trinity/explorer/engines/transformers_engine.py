@@ -341,6 +341,8 @@ class TransformersEngine(RolloutEngine):
         self.calls_batched = 0
         #: streamed calls dropped or stopped because their stream was closed early.
         self.calls_cancelled = 0
+        #: Seconds spent generating batches so far (the explorer reports it per step).
+        self.generate_seconds = 0.0
         self.seed = seed
         self._generator = torch.Generator().manual_seed(seed)
         # Its rank of the trainer's weight-sync group (sync_method nccl).
@@ -480,7 +482,11 @@ class TransformersEngine(RolloutEngine):
                     seed = int(torch.randint(2**62, (1,), generator=self._generator))
                 seeds.extend(row_seeds(seed, len(call.prompts), call.args.n))
                 owners.extend((call, i) for i in range(len(call.prompts)))
-            groups = self._generate([p for call in batch for p in call.prompts], shape, seeds, owners)
+            started = time.perf_counter()
+            try:
+                groups = self._generate([p for call in batch for p in call.prompts], shape, seeds, owners)
+            finally:
+                self.generate_seconds += time.perf_counter() - started
         except BaseException as exc:  # every caller of the batch sees the failure
             for call in batch:
                 call.error = exc
