@@ -1,11 +1,15 @@
 """The ``transformers`` rollout engine: a local Hugging Face model, on CPU or GPU.
 
-Generation is batched (all prompts x ``n`` samples in one ``model.generate`` call, left
-padded). The logprob of each sampled token is taken from the logits of the very forward pass
-that sampled it (``output_logits``), divided by the sampling temperature, so it equals a
-separate forward pass over the finished sequence up to float round-off.
+Generation is batched (all prompts x ``n`` samples in one batch, left padded). Each prompt's
+prefill runs once for its ``n`` samples (:meth:`TransformersEngine._prompt_cache`), then the
+engine's own loop (:func:`~trinity.explorer.engines.decoding.decode_rows`) samples and drops
+rows from the batch as they finish; calls with stop strings, and models whose cache cannot drop
+rows, go through ``model.generate`` with the same sampler and recorder, and sample the same
+tokens. The logprob of each sampled token is taken from the logits of the very forward pass
+that sampled it, divided by the sampling temperature, so it equals a separate forward pass over
+the finished sequence up to float round-off.
 
-One ``generate`` runs at a time (a lock): the model is not re-entrant. Concurrent calls are
+One batch ("a ``generate``" below) runs at a time (a lock): the model is not re-entrant. Concurrent calls are
 batched together instead of queueing one by one: calls that arrive while a ``generate`` runs
 wait in a queue, and the next ``generate`` takes every queued call with the same sampling
 arguments but the seed (up to ``max_batch_size`` sequences). The workflow runners of one
@@ -26,16 +30,18 @@ and its place in the call (:class:`RowSampler`), as vLLM seeds each request: a c
 depend on its seed only, never on what else shared the batch. Calls without a seed take one
 from the engine's seeded stream.
 
-Streaming (:meth:`TransformersEngine.generate_tokens_stream`): every ``generate`` runs with a
-:class:`StepRecorder`, a logits processor (it sees each step's raw logits first, before
-min-tokens and sampling) and a streamer (``generate`` hands it each step's sampled tokens for
-the whole batch). It computes each row's logprob step by step (the Experiences take theirs from
-it, streamed or not) and hands each row of a streamed call its new token as it is sampled, until
-the row ends (EOS, a stop string, as :func:`~trinity.explorer.engines.base.finish_point` decides;
-the padding ``generate`` appends to finished rows is never streamed). A streamed call shares
-batches like any other and samples exactly what the same call without streaming samples. Closing
-its stream early cancels it: a queued call is dropped, a running one's rows are stopped at the
-next step (:meth:`StepRecorder.stop_cancelled`, a stopping criterion), and nothing is returned.
+Streaming (:meth:`TransformersEngine.generate_tokens_stream`): every batch runs with a
+:class:`StepRecorder`, which gets each step's sampled tokens and their logprobs for the whole
+batch (:meth:`StepRecorder.record`; under ``generate`` it is also a logits processor that sees
+each step's raw logits first, before min-tokens and sampling, and the streamer). It keeps each
+row's logprobs step by step (the Experiences take theirs from it, streamed or not) and hands
+each row of a streamed call its new token as it is sampled, until the row ends (EOS, a stop
+string, as :func:`~trinity.explorer.engines.base.finish_point` decides; the padding of finished
+rows is never streamed). A streamed call shares batches like any other and samples exactly what
+the same call without streaming samples. Closing its stream early cancels it: a queued call is
+dropped, a running one's rows stop after the current step (the loop checks
+:meth:`StepRecorder.cancelled_rows` after each step; under ``generate`` a stopping criterion
+does), and nothing is returned.
 """
 
 from __future__ import annotations
@@ -274,7 +280,7 @@ class StepRecorder:
 
 
 class TransformersEngine(RolloutEngine):
-    """Rollouts with ``transformers``' ``generate``; streams tokens as they are sampled.
+    """Rollouts with a local ``transformers`` model; streams tokens as they are sampled.
 
     Args:
         model_path: Hugging Face model folder (or hub id already in the local cache).
@@ -589,7 +595,8 @@ class TransformersEngine(RolloutEngine):
                     type(self.model).__name__,
                     exc,
                 )
-                cache = self._prompt_cache(input_ids, attention_mask, args.n)  # the probe used it
+                # decode_rows' first pass extended the prompt cache: build it again.
+                cache = self._prompt_cache(input_ids, attention_mask, args.n)
         if responses is None:
             responses = self._hf_generate(input_ids, attention_mask, cache, args, recorder, sampler)
         responses = responses.cpu()
