@@ -321,9 +321,13 @@ def test_marked_tasks_calling_at_different_moments_share_one_generate(engine, mo
     monkeypatch.setattr(engine, "batch_gap", 60.0)
     args = SamplingArgs(n=2, max_tokens=4)
     results: list = [None] * 4
+    # Every task is on the engine before the first calls (a loaded machine may start a thread
+    # late; a task that has not started yet is nobody the batch can wait for).
+    started = threading.Barrier(4)
 
     def task(i):
         with engine.caller():
+            started.wait(timeout=30)
             time.sleep(0.02 * i)  # the calls arrive one by one
             results[i] = engine.generate_tokens([engine.encode(f"{i}+1=")], args)
 
