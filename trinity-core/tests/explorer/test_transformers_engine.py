@@ -366,27 +366,6 @@ def test_samples_of_a_prompt_share_its_prefill_and_sample_the_same(tiny_model_pa
         torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
 
 
-def test_a_cache_that_cannot_be_repeated_prefills_every_row(tiny_model_path, monkeypatch, caplog):
-    from transformers import DynamicCache
-
-    def refuse(self, repeats):
-        raise NotImplementedError("no batch repeat")
-
-    monkeypatch.setattr(DynamicCache, "batch_repeat_interleave", refuse)
-    engine = _fresh_engine(tiny_model_path)
-    with caplog.at_level("WARNING", logger="trinity.explorer.engines.transformers_engine"):
-        a = engine.generate(["hello"], n=3, max_tokens=6, seed=1)
-        engine.generate(["hello"], n=3, max_tokens=6, seed=1)
-    assert engine.share_prefill is False
-    assert caplog.text.count("cannot share a prompt's prefill") == 1
-    monkeypatch.undo()
-    own = _fresh_engine(tiny_model_path)
-    own.share_prefill = False
-    assert [e.tokens.tolist() for e in a] == [
-        e.tokens.tolist() for e in own.generate(["hello"], n=3, max_tokens=6, seed=1)
-    ]
-
-
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -429,19 +408,31 @@ def test_own_loop_drops_finished_rows(tiny_model_path):
     assert rows[2:] == [sum(length > step for length in lengths) for step in range(1, lengths[-1])]
 
 
-def test_a_cache_that_cannot_drop_rows_uses_generate(tiny_model_path, monkeypatch, caplog):
+@pytest.mark.parametrize(
+    ("method", "flag", "warning"),
+    [
+        ("batch_repeat_interleave", "share_prefill", "cannot share a prompt's prefill"),
+        ("batch_select_indices", "own_loop", "cannot drop finished rows"),
+    ],
+    ids=["prefill-every-row", "generate"],
+)
+def test_a_cache_without_a_batch_method_falls_back_once(
+    tiny_model_path, monkeypatch, caplog, method, flag, warning
+):
+    """A cache that cannot repeat rows prefills every row; one that cannot select rows samples
+    with ``generate``: one warning, and the same samples."""
     from transformers import DynamicCache
 
-    def refuse(self, indices):
-        raise NotImplementedError("no row selection")
+    def refuse(self, arg):
+        raise NotImplementedError(f"no {method}")
 
-    monkeypatch.setattr(DynamicCache, "batch_select_indices", refuse)
+    monkeypatch.setattr(DynamicCache, method, refuse)
     engine = _fresh_engine(tiny_model_path)
     with caplog.at_level("WARNING", logger="trinity.explorer.engines.transformers_engine"):
         a = engine.generate(["hello"], n=3, max_tokens=8, seed=4)
         engine.generate(["hello"], n=3, max_tokens=8, seed=4)
-    assert engine.own_loop is False
-    assert caplog.text.count("cannot drop finished rows") == 1
+    assert getattr(engine, flag) is False
+    assert caplog.text.count(warning) == 1
     monkeypatch.undo()
     own = _fresh_engine(tiny_model_path)
     assert [e.tokens.tolist() for e in a] == [
