@@ -195,6 +195,13 @@ def test_data_processor_keys_warn_only_where_they_change_nothing() -> None:
     ]
 
 
+def test_native_only_trainer_keys_warn_under_verl_only() -> None:
+    native = _config({"trainer": {"trainer_type": "native", "share_prompt_forward": False}})
+    verl = _config({"trainer": {"trainer_type": "verl", "share_prompt_forward": False}})
+    assert find_no_effect(native) == []
+    assert [key for key, _ in find_no_effect(verl)] == ["trainer.share_prompt_forward"]
+
+
 def test_warns_once_per_key_on_logger(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     config = _config({"trainer": {"save_strategy": "single_node"}, "monitor": {"detailed_stats": True}})
     with caplog.at_level(logging.WARNING, logger="trinity.config"):

@@ -215,6 +215,13 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect("explorer.runner_state_report_interval", "runner state reports are not implemented"),
     NoEffect("explorer.max_inflight_batches", "the explorer runs one explore step at a time"),
     # trainer
+    NoEffect(
+        "trainer.share_prompt_forward",
+        "the veRL trainer runs its own forward passes; only the native trainer shares prompt passes",
+        lambda value, default, root: (
+            value != default and getattr(getattr(root, "trainer", None), "trainer_type", None) == "verl"
+        ),
+    ),
     NoEffect("trainer.enable_preview", "rollout previews are not logged"),
     NoEffect("trainer.fix_actor_microbatch_loss_scale", "not implemented"),
     NoEffect("trainer.grad_offload", "gradient offload is not passed to veRL"),

@@ -155,13 +155,12 @@ class NativeTrainer:
         for rows in groups:
             mb = micro_batch(batch, rows)
             with self._autocast():
-                result = (
-                    forward_values(model, mb)
-                    if values
-                    else forward_logprobs(model, mb, temperature=temperature, share_prompt=self.share_prompt)[
-                        0
-                    ]
-                )
+                if values:
+                    result = forward_values(model, mb)
+                else:
+                    result, _ = forward_logprobs(
+                        model, mb, temperature=temperature, share_prompt=self.share_prompt
+                    )
             out[torch.as_tensor(rows, device=out.device)] = result.float()
         return out
 
