@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trinity._lazy import lazy_import
+from trinity.trainer.batch import position_ids_from_mask
 
 if TYPE_CHECKING:
     import torch
@@ -72,7 +73,7 @@ def decode_rows(
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0),
+            position_ids=position_ids_from_mask(attention_mask),
             use_cache=True,
             logits_to_keep=1,
         )

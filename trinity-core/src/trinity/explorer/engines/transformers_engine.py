@@ -70,6 +70,7 @@ from trinity.explorer.engines.base import (
 from trinity.explorer.engines.decoding import RowsCannotBeDropped, decode_rows
 from trinity.sync.broadcast import WeightReceiver, parse_metas
 from trinity.sync.group import describe_device
+from trinity.trainer.batch import position_ids_from_mask
 
 if TYPE_CHECKING:
     import torch
@@ -696,7 +697,7 @@ class TransformersEngine(RolloutEngine):
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask,
-                position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                position_ids=position_ids_from_mask(mask),
                 use_cache=True,
                 logits_to_keep=1,
             )
