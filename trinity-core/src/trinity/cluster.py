@@ -60,7 +60,8 @@ def resolve_address(ray_address: str, environ: Mapping[str, str]) -> tuple[str |
 
 
 def travelling_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The driver's environment variables that every actor of the job gets (``runtime_env``)."""
+    """The driver's environment variables that every actor of the job gets: through Ray's
+    ``runtime_env`` on a cluster the job joins; inherited on a Ray the job starts itself."""
     env = {k: v for k, v in environ.items() if k.startswith("TRINITY_") or k in TRAVELLING_ENV}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
@@ -260,11 +261,15 @@ def connect(config: Config) -> Any:
         # No cluster named: start our own. Probing for "any running cluster" can latch onto a
         # stale or dying local one (its session file outlives it), so that is opt-in
         # (RAY_ADDRESS=auto).
+        # Ray's processes started here inherit this environment, so the variables travel
+        # without a runtime_env. A runtime_env would also make Ray start a fresh worker for each
+        # actor instead of the ones it started with the node (measured: ~1 s less start-up).
+        for key, value in runtime_env["env_vars"].items():
+            os.environ.setdefault(key, value)
         ray.init(
             address="local",
             num_cpus=max(os.cpu_count() or 1, 2),
             namespace=config.ray_namespace,
-            runtime_env=runtime_env,
             include_dashboard=False,
             log_to_driver=False,
         )

@@ -126,6 +126,34 @@ def test_connect_to_a_port_where_nothing_listens_fails_in_one_line(monkeypatch):
     assert not ray.is_initialized()
 
 
+def test_a_local_ray_gets_the_travelling_variables_by_inheritance_not_a_runtime_env(monkeypatch):
+    """Ray's processes started by ray.init inherit this environment; a runtime_env would make
+    Ray start a fresh worker per actor instead of using the ones it starts with the node."""
+    pytest.importorskip("ray")
+    import os
+
+    import ray
+
+    calls: list[dict] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append({**kwargs, "env": dict(os.environ)}))
+    monkeypatch.setattr(ray, "nodes", lambda: [_node()])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    monkeypatch.setenv("TRINITY_PROBE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    connect(Config())
+    [call] = calls
+    assert call["address"] == "local"
+    assert "runtime_env" not in call
+    assert call["env"]["TRINITY_PROBE"] == "1" and call["env"]["HF_HUB_OFFLINE"] == "1"
+    assert call["env"]["TOKENIZERS_PARALLELISM"] == "false"  # our default, set before Ray starts
+    # A value of the user's own is kept.
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+    connect(Config())
+    assert calls[1]["env"]["TOKENIZERS_PARALLELISM"] == "true"
+
+
 def _node(gpus: float = 0, alive: bool = True) -> dict:
     resources = {"CPU": 2.0, **({"GPU": gpus} if gpus else {})}
     return {"Alive": alive, "Resources": resources}
