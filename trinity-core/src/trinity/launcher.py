@@ -221,11 +221,15 @@ def _join_queue(config: Config) -> str | None:
     queue). The queue is a detached actor: see :func:`trinity.buffer.factory.leave_queue`."""
     import uuid
 
-    from trinity.buffer.factory import join_queue
+    from trinity.buffer.factory import join_queue, start_queue
     from trinity.config.resolve import joins_cluster
 
     if not joins_cluster(config):
-        return None  # a Ray of this job's own: its end removes every actor anyway
+        # A Ray of this job's own: its end removes every actor anyway. Start the queue now, so
+        # that its process starts while the explorer and trainer load their models.
+        if config.mode in ("both", "explore", "train", "colocate"):
+            start_queue(config)
+        return None
     job_id = uuid.uuid4().hex
     return job_id if join_queue(config, job_id) else None
 

@@ -764,6 +764,29 @@ def test_the_last_job_to_leave_a_queue_removes_it(ray_cluster, tmp_path, make_ex
 
 
 @pytest.mark.e2e
+def test_a_started_queue_is_the_one_the_writer_and_reader_then_use(ray_cluster, tmp_path, make_experience):
+    """The launcher starts a job's queue before its explorer and trainer (its process then
+    starts while they load models); they find that same actor by name."""
+    from trinity.buffer.factory import get_buffer_reader, get_buffer_writer, start_queue
+    from trinity.buffer.queue import queue_actor_name
+
+    config = _config(tmp_path, {"name": f"q{uuid.uuid4().hex[:8]}", "storage_type": "queue"})
+    assert start_queue(config)
+    exp = config.buffer.trainer_input.experience_buffer
+    for _ in range(100):  # created asynchronously: registered under its name shortly after
+        if _queue_alive(ray_cluster, config):
+            break
+        time.sleep(0.05)
+    started = ray_cluster.get_actor(queue_actor_name(exp.name), namespace=exp.ray_namespace)
+    get_buffer_writer(exp).write([make_experience(i) for i in range(2)])
+    assert ray_cluster.get(started.stats.remote())["size"] == 2  # the writer wrote into the started actor
+    assert len(get_buffer_reader(exp).read(2)) == 2
+    ray_cluster.kill(started)
+    sql = _config(tmp_path, {"name": "s", "storage_type": "sql", "path": _url(tmp_path, "s.db")})
+    assert not start_queue(sql)
+
+
+@pytest.mark.e2e
 def test_a_mirrored_queue_is_removed_with_unread_rows_kept_in_sql(ray_cluster, tmp_path, make_experience):
     from trinity.buffer.factory import get_buffer_writer, join_queue, leave_queue
 

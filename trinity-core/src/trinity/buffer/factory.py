@@ -136,6 +136,17 @@ def check_buffer_is_free(config: Config, cache_dir: str | None = None) -> None:
         )
 
 
+def start_queue(config: Config) -> bool:
+    """Create the job's ``queue`` experience buffer actor now, without waiting for it: its
+    process then starts beside the explorer's and trainer's instead of after them (they find
+    it by name). ``False`` when the buffer is no queue."""
+    exp = config.buffer.trainer_input.experience_buffer
+    if exp is None or exp.storage_type != "queue":
+        return False
+    _queue_actor(exp)
+    return True
+
+
 def join_queue(config: Config, job_id: str) -> bool:
     """Record that job ``job_id`` uses the job's ``queue`` experience buffer (creating its
     actor); ``False`` when the buffer is no queue. Call :func:`leave_queue` when the job ends."""
