@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from typing import Any
 
 import pytest
@@ -233,3 +235,28 @@ def test_gsm8k_rows_score_unchanged() -> None:
     model.replies = ["\\boxed{72}"]
     assert math[0].metrics["accuracy"] == 1.0
     assert boxed.to_workflow(model).run()[0].metrics["accuracy"] == 1.0
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the math-verify worker process is POSIX only")
+def test_math_workflow_starts_the_verifier_before_it_generates() -> None:
+    """In a runner thread, math-verify's worker (about a second to start) starts before the
+    model is called, so its start overlaps the generation instead of delaying the rewards."""
+    import trinity_math.verify as verify
+
+    class Model(ScriptedModel):
+        def chat(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
+            self.worker_at_call = verify._worker._proc
+            return super().chat(messages, **rollout_args)
+
+    verify._worker.close()
+    model = Model([RIGHT, WRONG])
+    workflow = make_task(MathWorkflow, repeat_times=2).to_workflow(model)
+    results: list[list[Experience]] = []
+    thread = threading.Thread(target=lambda: results.append(workflow.run()))
+    thread.start()
+    thread.join(timeout=120)
+    try:
+        assert model.worker_at_call is not None, "the worker was not started before generating"
+        assert [e.reward for e in results[0]] == pytest.approx([1.1, 0.1])
+    finally:
+        verify._worker.close()

@@ -33,7 +33,7 @@ from trinity.workflow import RewardFn
 from trinity_math.answers import extract_tag, last_boxed, reference_answer, think_is_well_formed
 from trinity_math.equation import EquationError, evaluate, numbers_used, parse_equation
 from trinity_math.guard import MAX_ANSWER_CHARS, MAX_RESPONSE_CHARS
-from trinity_math.verify import DEFAULT_TIMEOUT_SECONDS, Verdict, math_equal
+from trinity_math.verify import DEFAULT_TIMEOUT_SECONDS, Verdict, math_equal, prestart
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,12 @@ class _VerifyingReward(RewardFn):
         self.timeout_seconds = timeout_seconds
         self.timeouts = 0
         self.refusals = 0
+
+    def start_verifier(self) -> None:
+        """Start math-verify's worker process now if this thread's comparisons will use it
+        (:func:`trinity_math.verify.prestart`): a workflow calls this before generating, so
+        the worker's start overlaps the generation instead of delaying the first reward."""
+        prestart()
 
     def _equal(self, answer: str, truth: str, max_chars: int = MAX_ANSWER_CHARS) -> bool:
         verdict: Verdict = math_equal(answer, truth, self.timeout_seconds, max_chars)

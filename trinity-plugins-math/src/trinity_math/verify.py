@@ -257,10 +257,18 @@ class _Worker:
             if pipe is not None:
                 pipe.close()
 
+    def _started(self) -> None:
+        if self._proc is None or self._proc.poll() is not None or self._pid != os.getpid():
+            self._spawn()
+
+    def start(self) -> None:
+        """Start the worker if none runs for this process, without waiting for it."""
+        with self._lock:
+            self._started()
+
     def compare(self, answer: str, truth: str, timeout_seconds: float) -> Verdict:
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None or self._pid != os.getpid():
-                self._spawn()
+            self._started()
             self._wait_ready()
             assert self._proc is not None and self._proc.stdin is not None
             request = json.dumps({"answer": answer, "truth": truth, "timeout": timeout_seconds})
@@ -300,6 +308,20 @@ _worker = _Worker()
 atexit.register(_worker.close)
 
 
+def _uses_worker() -> bool:
+    """Whether comparisons from this thread go to the worker process (see the module docstring)."""
+    return threading.current_thread() is not threading.main_thread() and os.name == "posix"
+
+
+def prestart() -> None:
+    """Start the worker process now, without waiting, if this thread's comparisons would use it.
+
+    Its start (importing sympy and math-verify: about a second) then overlaps whatever comes
+    before the first comparison that needs it (a rollout's generation) instead of delaying it."""
+    if _uses_worker():
+        _worker.start()
+
+
 def math_equal(
     answer: str,
     truth: str,
@@ -322,7 +344,7 @@ def math_equal(
         # says, without parsing (or a worker process) for the most common case.
         return Verdict(plain[0] == plain[1])
     # Off POSIX, math-verify times out with a helper process, which works in any thread.
-    if threading.current_thread() is threading.main_thread() or os.name != "posix":
+    if not _uses_worker():
         return _compare_here(answer, truth, timeout_seconds)
     return _worker.compare(answer, truth, timeout_seconds)
 

@@ -170,12 +170,20 @@ class SimpleWorkflow(PromptWorkflow):
             exp.eid.run = self.run_id_base + i
         return responses
 
+    def _start_verifier(self) -> None:
+        # In the thread that will score: a verifying reward's worker starts while we generate.
+        start = getattr(self.reward_fn, "start_verifier", None)
+        if callable(start):
+            start()
+
     def run(self) -> list[Experience]:
         """One ``model.chat`` call for all ``repeat_times`` samples, then score them."""
+        self._start_verifier()
         return self.score(self.model.chat(self.format_messages(), **self.rollout_args))
 
     async def run_async(self) -> list[Experience]:
         """Same as :meth:`run` through ``model.chat_async``."""
+        self._start_verifier()
         return self.score(await self.model.chat_async(self.format_messages(), **self.rollout_args))
 
 
