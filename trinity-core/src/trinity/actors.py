@@ -118,8 +118,10 @@ class ExplorerActor:
         return out
 
     def update_weights(self, boxed_ref: list[Any]) -> int:
-        state_dict, version = ray.get(boxed_ref[0])
-        self.explorer.sync_weights(state_dict, version=version)
+        from trinity.sync.memory import from_wire
+
+        wire, version = ray.get(boxed_ref[0])
+        self.explorer.sync_weights(from_wire(wire), version=version)
         return version
 
     def load_checkpoint(self, path_and_version: tuple[str, int]) -> int:
@@ -180,7 +182,10 @@ class TrainerActor:
         return metrics
 
     def get_weights(self) -> tuple[dict[str, Any], int]:
-        return self.trainer.state_dict(), self.trainer.step
+        from trinity.sync.memory import to_wire
+
+        # As numpy arrays: Ray sends those without pickling them through torch.save.
+        return to_wire(self.trainer.state_dict()), self.trainer.step
 
     def save_weights(self) -> tuple[str, int]:
         return str(self.trainer.save_checkpoint()), self.trainer.step
