@@ -1,8 +1,9 @@
 """Ray actors wrapping the Explorer and the Trainer for the launcher.
 
 The actors are thin: they give each role its own process, a log file under
-``<job_dir>/log/<actor>.log``, the same plugins as the driver (``TRINITY_PLUGIN_DIRS`` travels in
-the Ray runtime environment), and translate between Ray object refs and plain calls.
+``<job_dir>/log/<actor>.log``, the same plugins as the driver (``TRINITY_PLUGIN_DIRS`` travels with the
+environment: see :func:`trinity.cluster.travelling_env`), and translate between Ray object refs
+and plain calls.
 """
 
 from __future__ import annotations
