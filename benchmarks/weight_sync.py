@@ -67,7 +67,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = str(create_tiny_model(f"{tmp}/model", hidden_size=args.hidden, num_layers=args.layers))
             trainer, explorer = Trainer.remote(path), Explorer.remote(path)
-            size = sum(t.numel() * t.element_size() for t in set(pack_weights(_model(path)).values()))
+            wire, _ = ray.get(trainer.get_weights.remote(True))
+            size = sum(array.nbytes for array in {id(a): a for a, _ in wire.values()}.values())
             times: dict[bool, list[float]] = {False: [], True: []}
             for i in range(args.syncs + 3):
                 for wire in (False, True):
@@ -84,12 +85,6 @@ def main() -> None:
     print(f"torch tensors (pickled)        median {tensors * 1000:7.2f} ms/sync")
     print(f"numpy arrays (trinity to_wire) median {arrays * 1000:7.2f} ms/sync")
     print(f"ratio tensors/arrays: {tensors / arrays:.2f}x")
-
-
-def _model(path: str):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path)
 
 
 if __name__ == "__main__":

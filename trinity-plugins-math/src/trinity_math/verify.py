@@ -257,18 +257,18 @@ class _Worker:
             if pipe is not None:
                 pipe.close()
 
-    def _started(self) -> None:
+    def _ensure_started(self) -> None:
         if self._proc is None or self._proc.poll() is not None or self._pid != os.getpid():
             self._spawn()
 
     def start(self) -> None:
         """Start the worker if none runs for this process, without waiting for it."""
         with self._lock:
-            self._started()
+            self._ensure_started()
 
     def compare(self, answer: str, truth: str, timeout_seconds: float) -> Verdict:
         with self._lock:
-            self._started()
+            self._ensure_started()
             self._wait_ready()
             assert self._proc is not None and self._proc.stdin is not None
             request = json.dumps({"answer": answer, "truth": truth, "timeout": timeout_seconds})
