@@ -179,14 +179,14 @@ def build_sft(work: Path, sft_steps: int, threads: int) -> Path:
 
 
 def grpo_config(
-    sft: Path, work: Path, name: str, steps: int, eval_every: int, seed: int = SEED
+    sft: Path, work: Path, name: str, steps: int, eval_every: int, seed: int = SEED, sync_offset: int = 0
 ) -> dict[str, Any]:
     """quickstart.yaml's top level with its ``grpo`` stage applied, starting from ``sft``.
 
     Changed: the steps, the folders, weights saved every ``eval_every`` steps for the shared
-    evaluator instead of Trinity's own evaluation (which would run inside the timed steps), and
-    the sampling and training ``seed`` (each repeat its own; the data order stays the
-    quickstart's)."""
+    evaluator instead of Trinity's own evaluation (which would run inside the timed steps), the
+    sampling and training ``seed`` (each repeat its own; the data order stays the quickstart's),
+    and ``synchronizer.sync_offset`` when ``--trinity-sync-offset`` asks for another."""
     config = quickstart_yaml()
     (stage,) = [s for s in config.pop("stages") if s["stage_name"] == "grpo"]
     config["mode"] = stage["mode"]
@@ -199,6 +199,8 @@ def grpo_config(
     config["trainer"]["save_interval"] = eval_every
     config["trainer"]["seed"] = seed
     config["explorer"]["rollout_model"]["seed"] = seed
+    if sync_offset:
+        config["synchronizer"]["sync_offset"] = sync_offset
     return config
 
 
@@ -215,7 +217,7 @@ def run_trinity(sft: Path, qdir: Path, work: Path, repeat: int, args: argparse.N
     name = f"grpo-r{repeat}"
     config_path = write_yaml(
         work / f"trinity-{name}.yaml",
-        grpo_config(sft, work, name, args.steps, args.eval_every, SEED + repeat),
+        grpo_config(sft, work, name, args.steps, args.eval_every, SEED + repeat, args.trinity_sync_offset),
     )
     env = trinity_env(qdir, args.trinity_threads)
     job = job_dir(config_path, env)
@@ -583,6 +585,16 @@ def median_after_warmup(step_seconds: list[list[float]], warmup: int) -> float:
     return statistics.median(pooled)
 
 
+def paired_ratios(step_seconds: dict[str, list[list[float]]], warmup: int) -> list[float]:
+    """TRL / Trinity median step time of each repeat: the two runs of a repeat are adjacent in
+    time, so their ratio is less exposed to the machine's speed drifting between repeats than
+    the ratio of the pooled medians."""
+    return [
+        statistics.median(trl[warmup:]) / statistics.median(trinity[warmup:])
+        for trinity, trl in zip(step_seconds["trinity"], step_seconds["trl"], strict=True)
+    ]
+
+
 def time_to_accuracy(
     curves: dict[str, dict[int, float]], times: dict[str, dict[int, float]]
 ) -> dict[str, Any]:
@@ -599,6 +611,20 @@ def time_to_accuracy(
         reached["trl"]["seconds"] / reached["trinity"]["seconds"] if reached["trinity"]["seconds"] else None
     )
     return {"target": target, "reached": reached, "ratio_trl_over_trinity": ratio}
+
+
+def unmatched(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """:data:`UNMATCHED`, and the overlap when ``--trinity-sync-offset`` is not 0."""
+    if not args.trinity_sync_offset:
+        return UNMATCHED
+    overlap = (
+        "explorer / trainer overlap",
+        f"asked for with --trinity-sync-offset {args.trinity_sync_offset}: Trinity samples up to "
+        f"{args.trinity_sync_offset} step(s) ahead of the weights it trains (its explorer and "
+        "trainer run at the same time, each with half the cores); TRL is strictly on-policy. The "
+        "held-out accuracies show what that costs per step.",
+    )
+    return [*UNMATCHED, overlap]
 
 
 def check_settings(sft: Path, qdir: Path, work: Path, args: argparse.Namespace) -> None:
@@ -658,6 +684,14 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="OMP_NUM_THREADS of each Trinity actor; 0 (default): Trinity's own split of the cores",
+    )
+    parser.add_argument(
+        "--trinity-sync-offset",
+        type=int,
+        default=0,
+        help="synchronizer.sync_offset of Trinity's runs: 0 (default, the quickstart's: strictly "
+        "on-policy, as TRL) or 1 (one step off-policy: the explorer samples step N+1 while the "
+        "trainer trains step N, each with half the cores)",
     )
     parser.add_argument(
         "--sft-steps",
@@ -739,6 +773,9 @@ def main(argv: list[str] | None = None) -> int:
         "median_step_s": medians,
         "warmup_steps_excluded": warmup,
         "step_time_ratio_trl_over_trinity": medians["trl"] / medians["trinity"],
+        "step_time_ratio_per_repeat": paired_ratios(
+            {n: [r["step_seconds"] for r in runs[n]] for n in runs}, warmup
+        ),
         "startup_s": {name: [r["startup_s"] for r in runs[name]] for name in runs},
         "heldout_accuracy": {
             name: [{str(k): v for k, v in c.items()} for c in curves] for name, curves in accuracy.items()
@@ -751,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_seconds": {name: [r["step_seconds"] for r in runs[name]] for name in runs},
         "settings": [{"setting": s, "trinity": t, "trl": r} for s, t, r in SETTINGS],
         "trl_config": trl_config_kwargs(Path("<out>"), args.steps),
-        "unmatched": [{"setting": s, "why": w} for s, w in UNMATCHED],
+        "unmatched": [{"setting": s, "why": w} for s, w in unmatched(args)],
     }
     (work / "results.json").write_text(json.dumps(results, indent=1))
     report(results, args)
@@ -763,12 +800,19 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"\n{line}\nTrinity (quickstart grpo stage) vs TRL {r['trl_version']} GRPOTrainer, CPU, "
         f"Trinity threads: {args.trinity_threads or 'its own split of the cores'}, TRL threads: {args.threads}, "
+        f"Trinity sync_offset: {args.trinity_sync_offset}"
+        f"{' (strictly on-policy)' if not args.trinity_sync_offset else ' (off-policy)'}, "
         f"{args.steps} steps x {args.repeats} repeat(s)\n{line}"
     )
     m = r["median_step_s"]
     print(
         f"step time, median after {r['warmup_steps_excluded']} warm-up steps: Trinity {m['trinity']:.3f} s, "
         f"TRL {m['trl']:.3f} s  ->  ratio TRL / Trinity {r['step_time_ratio_trl_over_trinity']:.2f}"
+    )
+    paired = r["step_time_ratio_per_repeat"]
+    print(
+        f"  per repeat (the two runs of a repeat are adjacent in time): {', '.join(f'{x:.2f}' for x in paired)}"
+        f"; median {statistics.median(paired):.2f}"
     )
     s = r["startup_s"]
     print(
