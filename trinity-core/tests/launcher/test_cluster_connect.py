@@ -154,6 +154,49 @@ def test_a_local_ray_gets_the_travelling_variables_by_inheritance_not_a_runtime_
     assert calls[1]["env"]["TOKENIZERS_PARALLELISM"] == "true"
 
 
+def test_a_local_ray_starts_without_the_autoscaler_monitor_and_log_monitor(monkeypatch):
+    """The Ray a job starts for itself gets RayParams with both monitors off (what ``ray start
+    --no-monitor --include-log-monitor false`` sets); other RayParams are left as Ray makes them."""
+    pytest.importorskip("ray")
+    import ray
+    from ray._private.parameter import RayParams
+
+    seen: list[tuple[bool, bool]] = []
+
+    def fake_init(**kwargs):
+        params = RayParams(num_cpus=2)  # what ray.init builds for a local head
+        seen.append((params.no_monitor, params.include_log_monitor))
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", fake_init)
+    monkeypatch.setattr(ray, "nodes", lambda: [_node()])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    connect(Config())
+    assert seen == [(True, False)]
+    after = RayParams(num_cpus=2)
+    assert (after.no_monitor, after.include_log_monitor) == (False, None)
+
+
+def test_joining_a_cluster_leaves_its_monitors_alone(monkeypatch):
+    pytest.importorskip("ray")
+    import ray
+    from ray._private.parameter import RayParams
+
+    seen: list[tuple[bool, bool]] = []
+
+    def fake_init(**kwargs):
+        params = RayParams()
+        seen.append((params.no_monitor, params.include_log_monitor))
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", fake_init)
+    monkeypatch.setattr(ray, "nodes", lambda: [_node()])
+    monkeypatch.setattr("trinity.cluster._check_reachable", lambda *a: None)
+    monkeypatch.setattr("trinity.cluster._check_head", lambda *a: None)
+    connect(_cluster_config(ray_address="10.0.0.1:6379"))
+    assert seen == [(False, None)]
+
+
 def _node(gpus: float = 0, alive: bool = True) -> dict:
     resources = {"CPU": 2.0, **({"GPU": gpus} if gpus else {})}
     return {"Alive": alive, "Resources": resources}
