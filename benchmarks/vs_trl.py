@@ -662,6 +662,13 @@ def check_settings(sft: Path, qdir: Path, work: Path, args: argparse.Namespace) 
         )
 
 
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", type=Path, default=Path("bench-vs-trl"), help="default ./bench-vs-trl")
@@ -687,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--trinity-sync-offset",
-        type=int,
+        type=non_negative,
         default=0,
         help="synchronizer.sync_offset of Trinity's runs: 0 (default, the quickstart's: strictly "
         "on-policy, as TRL) or 1 (one step off-policy: the explorer samples step N+1 while the "
