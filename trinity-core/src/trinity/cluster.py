@@ -247,7 +247,7 @@ def check_resources(config: Config, nodes: list[dict[str, Any]], address: str) -
 
 
 @contextlib.contextmanager
-def _without_head_monitors() -> Iterator[bool]:
+def _without_head_monitors() -> Iterator[None]:
     """While the job starts a Ray of its own: no autoscaler monitor and no log monitor.
 
     A single-node Ray started for one job has nothing to autoscale, and with ``log_to_driver``
@@ -256,16 +256,16 @@ def _without_head_monitors() -> Iterator[bool]:
     start-up, 1 s less shutdown; ``docs/performance.md``, "What is left in a Trinity step").
     ``ray start`` has flags for both (``--no-monitor``, ``--include-log-monitor false``) but
     ``ray.init`` has none, so this sets the same two fields of the ``RayParams`` that
-    ``ray.init`` builds. Yields whether it could; a Ray without those fields starts them as usual.
+    ``ray.init`` builds; a Ray without those fields starts both as usual.
     """
     try:
         from ray._private.parameter import RayParams
     except ImportError:
-        yield False
+        yield
         return
     default_init = RayParams.__init__
     if not {"no_monitor", "include_log_monitor"} <= set(default_init.__code__.co_varnames):
-        yield False
+        yield
         return
 
     def lean_init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -275,7 +275,7 @@ def _without_head_monitors() -> Iterator[bool]:
 
     RayParams.__init__ = lean_init  # type: ignore[method-assign]
     try:
-        yield True
+        yield
     finally:
         RayParams.__init__ = default_init  # type: ignore[method-assign]
 
