@@ -341,15 +341,16 @@ def test_marked_tasks_calling_at_different_moments_share_one_generate(engine, mo
     assert (engine.batches_run - before[0], engine.calls_batched - before[1]) == (1, 4)
 
 
-def _fresh_engine(tiny_model_path):
+def _fresh_engine(tiny_model_path, **kwargs):
     from trinity.explorer.engines.transformers_engine import TransformersEngine
 
-    return TransformersEngine(tiny_model_path, dtype="float32", device="cpu", seed=0)
+    return TransformersEngine(tiny_model_path, dtype="float32", device="cpu", seed=0, **kwargs)
 
 
 def test_samples_of_a_prompt_share_its_prefill_and_sample_the_same(tiny_model_path):
     prompts = ["x", "hello there", "12+34="]  # different lengths: left padding
-    shared, own = _fresh_engine(tiny_model_path), _fresh_engine(tiny_model_path)
+    # transformers' forward for every step, so that the hook below sees each of them.
+    shared, own = (_fresh_engine(tiny_model_path, lean_decoding=False) for _ in range(2))
     own.share_prefill = False
     widths: list[tuple[int, int]] = []
     shared.model.register_forward_pre_hook(
@@ -376,11 +377,13 @@ def test_samples_of_a_prompt_share_its_prefill_and_sample_the_same(tiny_model_pa
     ],
     ids=["sample", "top-k-p", "greedy", "min-tokens"],
 )
-def test_own_loop_samples_what_generate_samples(tiny_model_path, kwargs):
-    """The engine's loop (finished rows dropped) and transformers' generate: the same tokens,
-    log-probs and finish reasons for the same seeds."""
+@pytest.mark.parametrize("lean", [True, False], ids=["lean-step", "model-forward"])
+def test_own_loop_samples_what_generate_samples(tiny_model_path, kwargs, lean):
+    """The engine's loop (finished rows dropped; its steps lean or transformers' forward) and
+    transformers' generate: the same tokens, log-probs and finish reasons for the same seeds."""
     prompts = ["x", "hello there", "12+34="]
-    own, hf = _fresh_engine(tiny_model_path), _fresh_engine(tiny_model_path)
+    own, hf = _fresh_engine(tiny_model_path, lean_decoding=lean), _fresh_engine(tiny_model_path)
+    assert (own.lean is not None) == lean
     hf.own_loop = False
     args = {"n": 3, "max_tokens": 12, "seed": 7, **kwargs}
     a, b = own.generate(prompts, **args), hf.generate(prompts, **args)
@@ -394,7 +397,7 @@ def test_own_loop_samples_what_generate_samples(tiny_model_path, kwargs):
 
 
 def test_own_loop_drops_finished_rows(tiny_model_path):
-    engine = _fresh_engine(tiny_model_path)
+    engine = _fresh_engine(tiny_model_path, lean_decoding=False)  # every step a model forward
     rows: list[int] = []
     engine.model.register_forward_pre_hook(
         lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
@@ -427,7 +430,8 @@ def test_a_cache_without_a_batch_method_falls_back_once(
         raise NotImplementedError(f"no {method}")
 
     monkeypatch.setattr(DynamicCache, method, refuse)
-    engine = _fresh_engine(tiny_model_path)
+    # The lean decoding step keeps its own cache: this is about transformers' cache.
+    engine = _fresh_engine(tiny_model_path, lean_decoding=False)
     with caplog.at_level("WARNING", logger="trinity.explorer.engines.transformers_engine"):
         a = engine.generate(["hello"], n=3, max_tokens=8, seed=4)
         engine.generate(["hello"], n=3, max_tokens=8, seed=4)

@@ -58,7 +58,11 @@ class InferenceModelConfig(Section):
     gpu_per_engine: int = derived(0, "tensor * data * pipeline parallel size.")
     extra_engine_args: dict[str, Any] = F({}, "Extra keyword arguments for the engine constructor.")
     use_v1: bool = F(True, "Use the vLLM V1 engine. Has no effect in this version.")
-    enforce_eager: bool = F(False, "Disable CUDA graphs (vLLM).")
+    enforce_eager: bool = F(
+        False,
+        "Disable CUDA graphs (vLLM); with the transformers engine, decode with transformers' own "
+        "forward rather than the engine's lean decoding step (Llama, Qwen2).",
+    )
     enable_prefix_caching: bool = F(True, "Prefix caching (vLLM).")
     enable_chunked_prefill: bool = F(True, "Chunked prefill (vLLM). Has no effect in this version.")
     gpu_memory_utilization: float = F(0.9, "Fraction of GPU memory the engine may use (vLLM).", gt=0, le=1)

@@ -64,6 +64,7 @@ def create_engines(config: InferenceModelConfig, **engine_kwargs: Any) -> list[R
                 max_prompt_tokens=config.max_prompt_tokens,
                 default_args=default_sampling_args(config),
                 trust_remote_code=config.trust_remote_code,
+                lean_decoding=not config.enforce_eager,
                 **engine_kwargs,
             )
             for i in range(config.engine_num)

@@ -20,6 +20,8 @@ from trinity.trainer.batch import position_ids_from_mask
 
 if TYPE_CHECKING:
     import torch
+
+    from trinity.explorer.engines.lean_decoding import LeanDecoder
 else:
     torch = lazy_import("torch")
 
@@ -50,6 +52,7 @@ def decode_rows(
     cancelled: Callable[[], torch.Tensor] | None = None,
     pad_token_id: int = 0,
     cache: Any = None,
+    lean: LeanDecoder | None = None,
 ) -> torch.Tensor:
     """Sample up to ``max_new_tokens`` tokens after each left-padded row of ``input_ids``.
 
@@ -60,6 +63,8 @@ def decode_rows(
             ``(B,)`` under ``softmax(logits / logprob_temperature)`` of every row of the batch
             (finished rows: ``pad_token_id`` and 0).
         cancelled: ``(B,)`` bool, rows nobody wants any more; they stop like finished rows.
+        lean: runs the one-token steps (all of them when ``cache`` is given, all but the
+            first otherwise) with this decoder rather than the model's forward.
 
     Returns the sampled tokens ``(B, steps)``, ``pad_token_id`` after a row's EOS. Raises
     :class:`RowsCannotBeDropped`, before recording anything, when the cache cannot select rows.
@@ -71,6 +76,7 @@ def decode_rows(
     mask[:, :width] = attention_mask
     # The position of the next token: the row's count of real tokens so far.
     position = attention_mask.sum(-1, keepdim=True)
+    state = None
     if cache is None:
         out = model(
             input_ids=input_ids,
@@ -79,6 +85,12 @@ def decode_rows(
             use_cache=True,
             logits_to_keep=1,
         )
+        logits = out.logits[:, -1, :]
+        if lean is not None:
+            state = lean.start(out.past_key_values, attention_mask, room=min(max_new_tokens, 256))
+    elif lean is not None:
+        state = lean.start(cache, attention_mask, room=min(max_new_tokens, 256) + 1)
+        logits = lean.step(state, input_ids[:, -1], position - 1)
     else:
         out = model(
             input_ids=input_ids[:, -1:],
@@ -87,16 +99,18 @@ def decode_rows(
             past_key_values=cache,
             use_cache=True,
         )
-    cache = out.past_key_values
+        logits = out.logits[:, -1, :]
     rows = torch.arange(rows_total, device=device)
-    try:  # before anything is recorded, so that the caller can still take another path
-        cache.batch_select_indices(rows)
-    except Exception as exc:  # any failure: this model's cache cannot drop rows
-        raise RowsCannotBeDropped(f"{type(cache).__name__}: {type(exc).__name__}: {exc}") from exc
+    if state is None:
+        cache = out.past_key_values
+        try:  # before anything is recorded, so that the caller can still take another path
+            cache.batch_select_indices(rows)
+        except Exception as exc:  # any failure: this model's cache cannot drop rows
+            raise RowsCannotBeDropped(f"{type(cache).__name__}: {type(exc).__name__}: {exc}") from exc
     tokens = torch.full((rows_total, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     steps = 0
     for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()
+        logits = logits.float()
         logprobs = torch.log_softmax(logits / logprob_temperature, dim=-1)
         if step < min_tokens:
             logits[:, eos] = float("-inf")
@@ -115,16 +129,23 @@ def decode_rows(
             break
         if bool(done.any()):
             keep = (~done).nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            rows, picked, mask, position = rows[keep], picked[keep], mask[keep], position[keep]
-        mask[:, width + step] = 1
-        out = model(
-            input_ids=picked.unsqueeze(-1),
-            attention_mask=mask[:, : width + step + 1],
-            position_ids=position,
-            past_key_values=cache,
-            use_cache=True,
-        )
+            if state is not None:
+                state.select(keep)
+            else:
+                cache.batch_select_indices(keep)
+                mask = mask[keep]
+            rows, picked, position = rows[keep], picked[keep], position[keep]
+        if state is not None:
+            logits = lean.step(state, picked, position)
+        else:
+            mask[:, width + step] = 1
+            logits = model(
+                input_ids=picked.unsqueeze(-1),
+                attention_mask=mask[:, : width + step + 1],
+                position_ids=position,
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1, :]
         position = position + 1
     return tokens[:, :steps]
 

@@ -5,7 +5,10 @@ prefill runs once for its ``n`` samples (:meth:`TransformersEngine._prompt_cache
 engine's own loop (:func:`~trinity.explorer.engines.decoding.decode_rows`) samples and drops
 rows from the batch as they finish; calls with stop strings, and models whose cache cannot drop
 rows, go through ``model.generate`` with the same sampler and recorder, and sample the same
-tokens. The logprob of each sampled token is taken from the logits of the very forward pass
+tokens. For Llama and Qwen2 models the loop's one-token steps skip transformers' forward and
+run the same arithmetic on the model's parameters (:mod:`.lean_decoding`: a third less time a
+step on the quickstart's model; the logits agree to float round-off, checked when the model
+loads); ``lean_decoding=False`` (``enforce_eager: true`` in the config) turns it off. The logprob of each sampled token is taken from the logits of the very forward pass
 that sampled it, divided by the sampling temperature, so it equals a separate forward pass over
 the finished sequence up to float round-off.
 
@@ -68,6 +71,7 @@ from trinity.explorer.engines.base import (
     finish_point,
 )
 from trinity.explorer.engines.decoding import RowsCannotBeDropped, decode_rows
+from trinity.explorer.engines.lean_decoding import LeanDecoder, LogitsDiffer, NotCovered
 from trinity.sync.broadcast import WeightReceiver, parse_metas
 from trinity.sync.group import describe_device
 from trinity.trainer.batch import position_ids_from_mask
@@ -293,6 +297,9 @@ class TransformersEngine(RolloutEngine):
         batch_wait: most seconds a ``generate`` waits for the calls of the other runner tasks
             on this engine (0: never waits); ``batch_gap``: it stops waiting once no call came
             for this long.
+        lean_decoding: run the decoding steps of covered models (Llama, Qwen2) with
+            :class:`~trinity.explorer.engines.lean_decoding.LeanDecoder` rather than
+            transformers' forward.
         Other arguments: see :class:`RolloutEngine`.
     """
 
@@ -313,6 +320,7 @@ class TransformersEngine(RolloutEngine):
         batch_wait: float = 0.05,
         batch_gap: float = 0.01,
         trust_remote_code: bool = False,
+        lean_decoding: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -336,6 +344,9 @@ class TransformersEngine(RolloutEngine):
         #: Sample with :func:`~trinity.explorer.engines.decoding.decode_rows` (drops finished
         #: rows) rather than ``generate``, except for stop strings.
         self.own_loop = True
+        #: Runs the sampling loop's one-token steps without transformers' forward (Llama and
+        #: Qwen2 models that pass its load-time check; see :mod:`.lean_decoding`), or ``None``.
+        self.lean = self._lean_decoder() if lean_decoding else None
         self._lock = threading.Lock()  # held while the model generates
         self._queue_lock = threading.Lock()  # guards _queue
         self._queue: list[_Call] = []
@@ -587,6 +598,7 @@ class TransformersEngine(RolloutEngine):
                     cancelled=recorder.cancelled_rows if recorder.streams else None,
                     pad_token_id=self.pad_token_id,
                     cache=cache,
+                    lean=self.lean,
                 )
             except RowsCannotBeDropped as exc:
                 self.own_loop = False
@@ -714,6 +726,28 @@ class TransformersEngine(RolloutEngine):
             )
             return None
         return cache
+
+    def _lean_decoder(self) -> LeanDecoder | None:
+        """The model's :class:`LeanDecoder`, or ``None`` (logged) when it is not covered."""
+        try:
+            lean = LeanDecoder.for_model(self.model)
+        except LogitsDiffer as exc:
+            logger.warning(
+                "%s: decoding with transformers' forward: %s",
+                type(self.model).__name__,
+                exc,
+            )
+        except NotCovered as exc:
+            logger.info("decoding with transformers' forward (no lean decoding step: %s)", exc)
+        else:
+            logger.info(
+                "%s: decoding steps run on the lean decoding step (logits within %.2g of "
+                "transformers' forward; enforce_eager: true turns it off)",
+                type(self.model).__name__,
+                lean.difference,
+            )
+            return lean
+        return None
 
     def _on_step(self, recorder: StepRecorder) -> None:
         """Called in the generating thread after each decoding step's tokens were handed out
