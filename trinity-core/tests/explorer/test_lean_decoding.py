@@ -84,6 +84,14 @@ def test_lean_step_in_bfloat16_stays_close(tiny_model_path):
 def test_weights_written_in_place_reach_the_lean_step(tiny_model_path, llama_path):
     model = _load(tiny_model_path)
     decoder = LeanDecoder.for_model(model)
+    # The fused products are the model's own weights (slices of one tensor), not copies.
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    assert attn.q_proj.weight.data_ptr() == decoder.layers[1].qkv_weight.data_ptr()
+    assert attn.v_proj.bias.data_ptr() == decoder.layers[1].qkv_bias[-attn.v_proj.bias.shape[0] :].data_ptr()
+    assert (
+        mlp.up_proj.weight.data_ptr()
+        == decoder.layers[1].gate_up_weight[mlp.gate_proj.weight.shape[0] :].data_ptr()
+    )
     other = _load(create_tiny_model(llama_path.parent.parent / "other_qwen2", seed=5))
     with torch.no_grad():  # as the engine's weight sync: copies into the model's tensors
         for target, value in zip(model.parameters(), other.parameters(), strict=True):

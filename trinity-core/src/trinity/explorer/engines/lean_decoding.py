@@ -5,7 +5,7 @@ on a small model, in per-call work that does not depend on the batch (some 500 o
 a forward of the quickstart's two-layer model: mask building, cache bookkeeping, views,
 ``repeat_kv``, hooks); the arithmetic itself is some 20 operators a layer. This module runs that arithmetic directly on the
 model's own parameters: one matrix product for q, k and v and one for gate and up (the
-products are concatenated once per weight change), ``rms_norm``, rotary tables looked up by
+model's q/k/v and gate/up weights become slices of one tensor each: no copy), ``rms_norm``, rotary tables looked up by
 position, a key/value cache written in place into preallocated room (doubled when full), and an
 attention of two batched matrix products over the key/value heads (no ``repeat_kv``).
 
@@ -49,7 +49,7 @@ class LogitsDiffer(NotCovered):
 
 @dataclass
 class _Layer:
-    """One decoder layer's parameters (the model's own tensors, except the fused products)."""
+    """One decoder layer's parameters (the model's own tensors; see :meth:`LeanDecoder._fuse`)."""
 
     attn_norm: torch.Tensor
     attn_eps: float
@@ -130,6 +130,8 @@ class LeanDecoder:
         self.scaling = getattr(attn, "scaling", self.head_dim**-0.5)
         self.dtype = model.lm_head.weight.dtype
         self._sources_key: tuple[int, ...] | None = None
+        # Fused tensors by the (id, data_ptr) of the parameters that are their slices.
+        self._fused: dict[tuple[tuple[int, int], ...], torch.Tensor] = {}
         #: The largest logit difference the load-time check measured (see :meth:`for_model`).
         self.difference = float("nan")
         self.layers: list[_Layer] = []
@@ -159,37 +161,71 @@ class LeanDecoder:
     # -- parameters -------------------------------------------------------------------------
 
     def _refresh(self) -> None:
-        """Takes the model's tensors again, and concatenates the q/k/v and gate/up products
-        again, when any parameter or buffer changed (weight syncs copy into the model's
-        tensors in place, which bumps their version counters)."""
-        # ``_version`` counts in-place writes; id and data_ptr catch a tensor replaced outright.
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        key = tuple(x for p in tensors for x in (id(p), p.data_ptr(), p._version))
+        """Takes the model's tensors again when one was replaced (not merely written into).
+
+        The fused q/k/v and gate/up products are not copies: the model's own q/k/v (gate/up)
+        weights become consecutive slices of one tensor (:meth:`_fuse`), so weight syncs,
+        which copy into the model's tensors in place, write the fused products too, and the
+        fusion costs no memory."""
+        # id and data_ptr change when a tensor is replaced outright; the buffers' version
+        # counters (rotary frequencies) also count writes into them.
+        key = tuple(x for p in self.model.parameters() for x in (id(p), p.data_ptr()))
+        key += tuple(x for b in self.model.buffers() for x in (id(b), b.data_ptr(), b._version))
         if key == self._sources_key:
             return
-        layers = []
+        layers, fused = [], {}
         with torch.no_grad():
             for layer in self.model.model.layers:
                 a, m = layer.self_attn, layer.mlp
+                qkv, gate_up = (a.q_proj, a.k_proj, a.v_proj), (m.gate_proj, m.up_proj)
                 layers.append(
                     _Layer(
                         attn_norm=layer.input_layernorm.weight,
                         attn_eps=layer.input_layernorm.variance_epsilon,
-                        qkv_weight=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                        qkv_bias=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
+                        qkv_weight=self._fuse(qkv, "weight", fused),
+                        qkv_bias=self._fuse(qkv, "bias", fused),
                         o_weight=a.o_proj.weight,
                         o_bias=a.o_proj.bias,
                         mlp_norm=layer.post_attention_layernorm.weight,
                         mlp_eps=layer.post_attention_layernorm.variance_epsilon,
-                        gate_up_weight=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                        gate_up_bias=_cat_bias(m.gate_proj, m.up_proj),
+                        gate_up_weight=self._fuse(gate_up, "weight", fused),
+                        gate_up_bias=self._fuse(gate_up, "bias", fused),
                         down_weight=m.down_proj.weight,
                         down_bias=m.down_proj.bias,
                     )
                 )
-        self.layers = layers
+        self.layers, self._fused = layers, fused
         self._capacity = 0  # the rotary tables are computed again too
+        # Taken after fusing: fusing replaces the parameters it fuses by slices of one tensor.
+        key = tuple(x for p in self.model.parameters() for x in (id(p), p.data_ptr()))
+        key += tuple(x for b in self.model.buffers() for x in (id(b), b.data_ptr(), b._version))
         self._sources_key = key
+
+    def _fuse(self, linears: tuple[Any, ...], name: str, fused: dict) -> torch.Tensor | None:
+        """One tensor of the ``name`` parameters (``weight`` or ``bias``) of ``linears``,
+        stacked by output feature, whose slices the linears' parameters then are (the
+        parameters are replaced by those slices the first time; later calls find them)."""
+        tensors = [getattr(lin, name) for lin in linears]
+        if all(t is None for t in tensors):
+            return None
+        if any(t is None for t in tensors):
+            raise NotCovered(f"some of the fused products have a {name}, some not")
+        key = tuple((id(t), t.data_ptr()) for t in tensors)
+        whole = self._fused.get(key)
+        if whole is None:
+            # A normal tensor even when called under inference mode (the check, a decoding
+            # call): weight syncs write into these parameters outside it.
+            offset, params = 0, []
+            with torch.inference_mode(False), torch.no_grad():
+                whole = torch.cat([t.detach() for t in tensors])
+                for lin, t in zip(linears, tensors, strict=True):
+                    part = whole[offset : offset + t.shape[0]]
+                    params.append(torch.nn.Parameter(part, requires_grad=t.requires_grad))
+                    setattr(lin, name, params[-1])
+                    offset += t.shape[0]
+            key = tuple((id(t), t.data_ptr()) for t in params)
+        fused[key] = whole
+        return whole
 
     # -- decoding ---------------------------------------------------------------------------
 
@@ -345,22 +381,6 @@ class LeanDecoder:
             full_mask = torch.cat([full_mask, ones], dim=1)
             positions = positions + 1
         return worst, scale
-
-
-def _params(linear: Any) -> list[torch.Tensor]:
-    return [linear.weight] + ([linear.bias] if linear.bias is not None else [])
-
-
-def _cat_bias(*linears: Any) -> torch.Tensor | None:
-    biases = [lin.bias for lin in linears]
-    if all(b is None for b in biases):
-        return None
-    return torch.cat(
-        [
-            b if b is not None else lin.weight.new_zeros(lin.weight.shape[0])
-            for b, lin in zip(biases, linears, strict=True)
-        ]
-    )
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
