@@ -201,3 +201,19 @@ def test_enforce_eager_turns_the_lean_step_off(tiny_model_path):
         )
     )
     assert default[0].lean is not None and eager[0].lean is None
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sample"])
+def test_one_sample_calls_run_their_prompt_then_lean_steps(tiny_model_path, temperature):
+    """``n: 1`` (no shared prefill): transformers runs the whole prompt, the lean step the rest;
+    the same tokens and log-probs as without the lean step."""
+    from trinity.explorer.engines.transformers_engine import TransformersEngine
+
+    lean = TransformersEngine(tiny_model_path, dtype="float32", device="cpu", seed=0)
+    plain = TransformersEngine(tiny_model_path, dtype="float32", device="cpu", seed=0, lean_decoding=False)
+    prompts = ["x", "hello there", "12+34="]
+    args = {"n": 1, "max_tokens": 16, "temperature": temperature, "seed": 9}
+    a, b = lean.generate(prompts, **args), plain.generate(prompts, **args)
+    assert [e.tokens.tolist() for e in a] == [e.tokens.tolist() for e in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-5, rtol=0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -457,3 +459,41 @@ def test_own_loop_on_the_gpu_samples_what_generate_samples(tiny_model_path, dtyp
     # bf16 rounding may flip a sample late in a row; the first tokens and most rows agree.
     same = sum(x.tokens.tolist() == y.tokens.tolist() for x, y in zip(a, b))
     assert same == len(a) if dtype == "float32" else same >= len(a) // 2
+
+
+def test_torch_work_runs_on_the_engines_own_thread(tiny_model_path, monkeypatch):
+    """Generation, scoring and weight updates from any thread run on one thread of the
+    engine's (one OpenMP team for the process: see TransformersEngine.__init__)."""
+    from trinity.explorer.engines.lean_decoding import LeanDecoder
+
+    engine = _fresh_engine(tiny_model_path)
+    seen: set[int] = set()
+    engine.model.register_forward_pre_hook(lambda module, args: seen.add(threading.get_ident()))
+    real_step = LeanDecoder.step
+    monkeypatch.setattr(
+        LeanDecoder, "step", lambda self, *a: (seen.add(threading.get_ident()), real_step(self, *a))[1]
+    )
+    real_copy = torch.Tensor.copy_
+    copies: set[int] = set()
+
+    def copy(self, *args, **kwargs):
+        copies.add(threading.get_ident())
+        return real_copy(self, *args, **kwargs)
+
+    def work(i):
+        engine.generate(["hello"], n=2, max_tokens=6, seed=i)
+        engine.logprobs(engine.encode("12+34="))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    work(3)  # and from this thread
+    state = {name: value.clone() for name, value in engine.model.state_dict().items()}
+    monkeypatch.setattr(torch.Tensor, "copy_", copy)
+    engine.update_weights(state, version=1)
+    monkeypatch.undo()
+    callers = {t.ident for t in threads} | {threading.get_ident()}
+    assert len(seen) == 1 and not seen & callers
+    assert copies == seen
