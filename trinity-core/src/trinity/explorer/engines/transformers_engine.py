@@ -12,7 +12,9 @@ loads); ``lean_decoding=False`` (``enforce_eager: true`` in the config) turns it
 that sampled it, divided by the sampling temperature, so it equals a separate forward pass over
 the finished sequence up to float round-off.
 
-One batch ("a ``generate``" below) runs at a time (a lock): the model is not re-entrant. Concurrent calls are
+One batch ("a ``generate``" below) runs at a time (a lock): the model is not re-entrant. The
+engine's torch work runs on one long-lived thread per device, whichever thread calls (see
+:meth:`TransformersEngine._on_compute_thread`): one OpenMP team for the process. Concurrent calls are
 batched together instead of queueing one by one: calls that arrive while a ``generate`` runs
 wait in a queue, and the next ``generate`` takes every queued call with the same sampling
 arguments but the seed (up to ``max_batch_size`` sequences). The workflow runners of one
