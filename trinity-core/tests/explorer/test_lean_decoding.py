@@ -111,32 +111,15 @@ def test_models_it_does_not_cover_are_refused_with_the_reason(tmp_path):
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
     with pytest.raises(NotCovered, match="GPT2LMHeadModel is not one of LlamaForCausalLM, Qwen2ForCausalLM"):
         LeanDecoder.for_model(gpt2)
-    sliding = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=32,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            use_sliding_window=True,
-            sliding_window=4,
-            max_window_layers=0,
-        )
-    )
+
+    def tiny_qwen2(**changes):
+        sizes = {"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2}
+        return Qwen2ForCausalLM(Qwen2Config(num_attention_heads=2, num_key_value_heads=1, **sizes, **changes))
+
+    sliding = tiny_qwen2(use_sliding_window=True, sliding_window=4, max_window_layers=0)
     with pytest.raises(NotCovered, match="sliding-window"):
         LeanDecoder.for_model(sliding)
-    gelu = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=32,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            hidden_act="gelu",
-        )
-    )
+    gelu = tiny_qwen2(hidden_act="gelu")
     with pytest.raises(NotCovered, match="activation 'gelu'"):
         LeanDecoder.for_model(gelu)
 

@@ -167,10 +167,7 @@ class LeanDecoder:
         weights become consecutive slices of one tensor (:meth:`_fuse`), so weight syncs,
         which copy into the model's tensors in place, write the fused products too, and the
         fusion costs no memory."""
-        # id and data_ptr change when a tensor is replaced outright; the buffers' version
-        # counters (rotary frequencies) also count writes into them.
-        key = tuple(x for p in self.model.parameters() for x in (id(p), p.data_ptr()))
-        key += tuple(x for b in self.model.buffers() for x in (id(b), b.data_ptr(), b._version))
+        key = self._tensors_key()
         if key == self._sources_key:
             return
         layers, fused = [], {}
@@ -197,9 +194,13 @@ class LeanDecoder:
         self.layers, self._fused = layers, fused
         self._capacity = 0  # the rotary tables are computed again too
         # Taken after fusing: fusing replaces the parameters it fuses by slices of one tensor.
+        self._sources_key = self._tensors_key()
+
+    def _tensors_key(self) -> tuple[int, ...]:
+        """Changes when a parameter or buffer is replaced (its id and data_ptr), or a buffer
+        (the rotary frequencies) is written into (its version counter)."""
         key = tuple(x for p in self.model.parameters() for x in (id(p), p.data_ptr()))
-        key += tuple(x for b in self.model.buffers() for x in (id(b), b.data_ptr(), b._version))
-        self._sources_key = key
+        return key + tuple(x for b in self.model.buffers() for x in (id(b), b.data_ptr(), b._version))
 
     def _fuse(self, linears: tuple[Any, ...], name: str, fused: dict) -> torch.Tensor | None:
         """One tensor of the ``name`` parameters (``weight`` or ``bias``) of ``linears``,
