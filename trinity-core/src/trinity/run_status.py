@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,11 @@ def write_run_status(job_dir: str | os.PathLike[str], status: str, reason: str |
         record["ended"] = now
     if reason:
         record["reason"] = reason
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
+    # A temporary file of this write's own: the explore and train jobs of a decoupled run share
+    # the job dir, and with one fixed name one job's rename took the other's file away.
+    fd, tmp = tempfile.mkstemp(prefix=f".{FILE}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(record, indent=1))
     os.replace(tmp, path)
 
 
