@@ -72,8 +72,6 @@ def decode_rows(
     rows_total, width = input_ids.shape
     device = input_ids.device
     eos = torch.tensor(sorted(set(eos_token_ids)), device=device)
-    mask = torch.zeros((rows_total, width + max_new_tokens), dtype=attention_mask.dtype, device=device)
-    mask[:, :width] = attention_mask
     # The position of the next token: the row's count of real tokens so far.
     position = attention_mask.sum(-1, keepdim=True)
     state = None
@@ -101,7 +99,9 @@ def decode_rows(
         )
         logits = out.logits[:, -1, :]
     rows = torch.arange(rows_total, device=device)
-    if state is None:
+    if state is None:  # transformers' forward: it needs the whole attention mask every step
+        mask = torch.zeros((rows_total, width + max_new_tokens), dtype=attention_mask.dtype, device=device)
+        mask[:, :width] = attention_mask
         cache = out.past_key_values
         try:  # before anything is recorded, so that the caller can still take another path
             cache.batch_select_indices(rows)

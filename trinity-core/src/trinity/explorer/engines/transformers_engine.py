@@ -848,14 +848,8 @@ class TransformersEngine(RolloutEngine):
                     f"update_weights: {name} has shape {tuple(value.shape)}, the model expects {tuple(own[name].shape)}"
                 )
 
-        @torch.no_grad()
-        def copy() -> None:
-            for name, value in state_dict.items():
-                target = own[name]
-                target.copy_(value.to(device=target.device, dtype=target.dtype))
-
         with self._lock:
-            self._on_compute_thread(copy)
+            self._on_compute_thread(self._copy_weights, own, list(state_dict.items()))
             self._model_version = version
 
     # -- broadcast weight sync (sync_method nccl) -------------------------------------------
@@ -874,18 +868,21 @@ class TransformersEngine(RolloutEngine):
         own = self._named_targets()
         problem = self._check_names(own, {name: m.shape for m in metas for name in m.names})
 
-        @torch.no_grad()
-        def copy(batch: list[tuple[str, torch.Tensor]]) -> None:
-            for name, value in batch:
-                target = own[name]
-                target.copy_(value.to(device=target.device, dtype=target.dtype))
-
         def load(batch: list[tuple[str, torch.Tensor]]) -> None:
-            self._on_compute_thread(copy, batch)
+            self._on_compute_thread(self._copy_weights, own, batch)
 
         with self._lock:
             self._weight_receiver.receive(metas, version, load, problem=problem)
             self._model_version = version
+
+    @staticmethod
+    @torch.no_grad()
+    def _copy_weights(own: Mapping[str, torch.Tensor], batch: list[tuple[str, torch.Tensor]]) -> None:
+        """Copies each ``(name, value)`` of ``batch`` into the model's tensor of that name (on
+        the compute thread: grad mode is per thread)."""
+        for name, value in batch:
+            target = own[name]
+            target.copy_(value.to(device=target.device, dtype=target.dtype))
 
     def close_weight_group(self) -> None:
         self._weight_receiver.close()
