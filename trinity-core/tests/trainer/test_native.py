@@ -157,3 +157,32 @@ def test_dpo_prefers_chosen(config_factory, tiny_model_path):
         last = trainer.train_step(exps)
     assert last["actor/dpo_loss"] < first["actor/dpo_loss"]
     assert last["actor/accuracy"] == 1.0
+
+
+def test_the_step_measures_how_far_the_rollout_logprobs_are_from_the_trainers(
+    config_factory, tiny_model_path
+):
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    exps = _rollouts(tok)
+    config = config_factory({"algorithm_type": "grpo", "repeat_times": 2, "optimizer": {"lr": 1e-2}})
+    trainer = NativeTrainer(config)
+    batch = to_device(build_batch(exps, trainer.pad_token_id), trainer.device)
+    with torch.no_grad():
+        own, _ = forward_logprobs(trainer.model, batch)
+    # The engine's log-probs: the trainer's own, 0.25 nats off on every first response token.
+    for row, e in enumerate(exps):
+        lp = own[row, : e.response_length].clone()
+        lp[0] -= 0.25
+        e.logprobs = lp
+    metrics = trainer.train_step(exps)
+    assert metrics["rollout/logprob_diff/max"] == pytest.approx(0.25, abs=1e-4)
+    first = sum(1 for _ in exps)
+    tokens = sum(e.response_length for e in exps)
+    assert metrics["rollout/logprob_diff/mean"] == pytest.approx(0.25 * first / tokens, abs=1e-4)
+    assert metrics["rollout/importance_ratio/max"] == pytest.approx(float(torch.tensor(0.25).exp()), abs=1e-3)
+    assert metrics["rollout/importance_ratio/min"] == pytest.approx(1.0, abs=1e-4)
+    # With use_rollout_logprobs the trainer never computes its own: nothing to compare.
+    config = config_factory(
+        {"algorithm_type": "grpo", "repeat_times": 2}, trainer={"use_rollout_logprobs": True}
+    )
+    assert not any(k.startswith("rollout/") for k in NativeTrainer(config).train_step(exps))

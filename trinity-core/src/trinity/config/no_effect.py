@@ -197,7 +197,6 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect("explorer.runner_num", "deprecated upstream and not read here; use `explorer.runner_per_model`"),
     *_inference("enable_expert_parallel", "expert parallelism is not passed to vLLM"),
     *_inference("use_v1", "the engine version is vLLM's own choice", _false),
-    *_inference("enable_chunked_prefill", "chunked prefill is vLLM's own choice", _false),
     *_inference(
         "enable_prompt_truncation", "prompts longer than max_prompt_tokens are always truncated", _false
     ),

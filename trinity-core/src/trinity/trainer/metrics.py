@@ -79,6 +79,48 @@ def data_metrics(batch: dict[str, Any], max_response_length: int | None = None) 
     return out
 
 
+def logprob_agreement(batch: dict[str, Any]) -> dict[str, float]:
+    """How far the trainer's log-probs of the sampled tokens are from the rollout engine's.
+
+    ``batch["old_logprob"]`` must be the trainer's own forward of the weights the rollouts were
+    sampled with (not copied from the rollout), and ``batch["has_rollout_logprobs"]`` true; over
+    the tokens of ``action_mask``:
+
+    * ``rollout/logprob_diff/mean`` and ``/max``: mean and largest ``|trainer - rollout|``;
+    * ``rollout/importance_ratio/{mean,min,max,std}``: ``exp(trainer - rollout)``, the
+      correction an off-policy update would apply for the engine/trainer mismatch alone;
+    * ``training/rollout_probs_diff_{mean,max,std}``: veRL's names, ``|p_trainer - p_rollout|``.
+
+    Two stacks computing the same model with different kernels (vLLM and FSDP, the lean
+    decoding step and transformers' forward) agree to ~1e-5 in fp32; a value orders of magnitude
+    larger means the engine is not running the trainer's weights (a failed sync, a stale tied
+    head) or samples from another distribution (temperature, top-k). Off-policy settings
+    (``sync_offset`` > 0, asynchronous sync) add the policy's own drift between the two weight
+    versions. Returns ``{}`` where there is nothing to compare.
+    """
+    if not batch.get("has_rollout_logprobs") or "old_logprob" not in batch:
+        return {}
+    mask = batch["action_mask"].bool()
+    if not mask.any():
+        return {}
+    trainer = batch["old_logprob"].float()[mask]
+    rollout = batch["rollout_logprobs"].float().to(trainer.device)[mask]
+    diff = trainer - rollout
+    ratio = diff.exp()
+    probs = (trainer.exp() - rollout.exp()).abs()
+    return {
+        "rollout/logprob_diff/mean": float(diff.abs().mean()),
+        "rollout/logprob_diff/max": float(diff.abs().max()),
+        "rollout/importance_ratio/mean": float(ratio.mean()),
+        "rollout/importance_ratio/min": float(ratio.min()),
+        "rollout/importance_ratio/max": float(ratio.max()),
+        "rollout/importance_ratio/std": float(ratio.std(unbiased=False)),
+        "training/rollout_probs_diff_mean": float(probs.mean()),
+        "training/rollout_probs_diff_max": float(probs.max()),
+        "training/rollout_probs_diff_std": float(probs.std(unbiased=False)),
+    }
+
+
 class MetricAccumulator:
     """Weighted means of per-micro-batch metrics (weights = the micro-batch loss weights)."""
 
@@ -95,4 +137,4 @@ class MetricAccumulator:
         return {k: self._sums[k] / w if w else 0.0 for k, w in self._weights.items()}
 
 
-__all__ = ["MetricAccumulator", "data_metrics"]
+__all__ = ["MetricAccumulator", "data_metrics", "logprob_agreement"]

@@ -32,7 +32,7 @@ from trinity.trainer.batch import TrainBatch, build_batch, to_device
 from trinity.trainer.components import AlgorithmComponents
 from trinity.trainer.critic import load_critic, value_loss
 from trinity.trainer.forward import forward_logprobs, forward_values, policy_stats
-from trinity.trainer.metrics import MetricAccumulator, step_summary
+from trinity.trainer.metrics import MetricAccumulator, logprob_agreement, step_summary
 from trinity.trainer.micro_batch import make_micro_batches, micro_batch, micro_batch_weights
 from trinity.trainer.schedule import build_scheduler
 
@@ -236,6 +236,9 @@ class NativeTrainer:
             tick = time.perf_counter()
             metrics.update(self._update_actor(batch, groups))
             timing["timing/update_actor"] = time.perf_counter() - tick
+        if not from_rollout:
+            # old_logprob is this trainer's forward of the weights the rollouts were sampled with.
+            metrics.update(logprob_agreement(batch))
         self.global_step += 1
 
         timing["timing/step"] = time.perf_counter() - start

@@ -60,12 +60,21 @@ class InferenceModelConfig(Section):
     use_v1: bool = F(True, "Use the vLLM V1 engine. Has no effect in this version.")
     enforce_eager: bool = F(
         False,
-        "Disable CUDA graphs (vLLM); with the transformers engine, decode with transformers' own "
-        "forward rather than the engine's lean decoding step (Llama, Qwen2).",
+        "Disable CUDA graphs and torch.compile (vLLM; on vLLM's CPU backend true unless set); with "
+        "the transformers engine, decode with transformers' own forward rather than the engine's "
+        "lean decoding step (Llama, Qwen2).",
     )
     enable_prefix_caching: bool = F(True, "Prefix caching (vLLM).")
-    enable_chunked_prefill: bool = F(True, "Chunked prefill (vLLM). Has no effect in this version.")
-    gpu_memory_utilization: float = F(0.9, "Fraction of GPU memory the engine may use (vLLM).", gt=0, le=1)
+    enable_chunked_prefill: bool = F(
+        True, "Chunked prefill (vLLM on GPU; always off on vLLM's CPU backend, see docs/gpu.md)."
+    )
+    gpu_memory_utilization: float = F(
+        0.9,
+        "Fraction of GPU memory the engine may use (vLLM; on its CPU backend, of the machine's RAM, "
+        "and unset there means a 1 GiB KV cache).",
+        gt=0,
+        le=1,
+    )
     dtype: str = F("bfloat16", "Weight dtype of the engine (`bfloat16`, `float16`, `float32`, `auto`).")
     seed: int = F(42, "Engine seed.")
     temperature: float | None = derived(None, "Set from `model.temperature`.")

