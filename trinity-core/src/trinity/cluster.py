@@ -237,12 +237,34 @@ def check_resources(config: Config, nodes: list[dict[str, Any]], address: str) -
                 f"cluster.gpu_per_node is {want_gpus} but only {enough} node(s) of {where} have that many "
                 f"GPUs (GPUs per node: {per_node}); lower cluster.gpu_per_node or set it to 0 (what Ray reports)"
             )
+    if not any(gpus) and not want_gpus:
+        _check_cpu_ranks(config, alive, where)
     if config.mode == "colocate" and sum(gpus) > 1:
         logger.warning(
             "mode colocate shares one GPU between trainer and explorer; %s has %g, the others stay "
             "free (mode both uses them all)",
             where,
             sum(gpus),
+        )
+
+
+def _check_cpu_ranks(config: Config, alive: list[dict[str, Any]], where: str) -> None:
+    """On a cluster without GPUs the veRL trainer runs one gloo rank per CPU bundle; fail now (one
+    line) when no node can ever hold a node's ranks, instead of when the trainer places them."""
+    from trinity.placement import runs
+
+    if config.trainer.trainer_type != "verl" or not runs(config, "trainer"):
+        return
+    from trinity.trainer.verl.config import cpu_trainer_split
+
+    nnodes, ranks = cpu_trainer_split(config)
+    cpus = [float(n.get("Resources", {}).get("CPU", 0)) for n in alive]
+    if sum(1 for c in cpus if c >= ranks) < nnodes:
+        per_node = ", ".join(f"{c:g}" for c in cpus) or "none"
+        raise ClusterError(
+            f"the veRL trainer runs on CPU here ({where} has no GPU): {nnodes} node(s) x {ranks} rank(s), one "
+            f"CPU each (trainer.trainer_config.trainer.nnodes / n_gpus_per_node), but {where} has CPUs per "
+            f"node: {per_node}; lower trainer.trainer_config.trainer.n_gpus_per_node"
         )
 
 

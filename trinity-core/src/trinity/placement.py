@@ -5,7 +5,10 @@ The GPU split follows Trinity-RFT's veRL-alignment guide: rollout engines take
 vLLM engines and veRL worker groups reserve their own GPUs (placement groups), so the actors
 that drive them ask for none; the transformers engine and the native trainer run inside their
 actors, so those actors ask for the GPUs themselves. On a single GPU shared by both roles,
-each gets half of it (they take turns, as a colocated setup does). ``mode: colocate`` asks for
+each gets half of it (they take turns, as a colocated setup does). veRL's workers also reserve
+their own CPU (one in each rank's bundle, beside its GPU where there are GPUs), so the trainer actor
+driving them asks for no CPU of its own: its share of the work (advantages, batching) is small,
+and a CPU it held would be one rank fewer (on 2 cores: the explorer plus one veRL rank). ``mode: colocate`` asks for
 exactly that (Trinity-RFT's meaning): the two roles share one GPU however many the cluster has;
 on a CPU-only cluster it runs as ``both``, the roles sharing the cores (:func:`cpu_shares`).
 
@@ -47,7 +50,7 @@ def _model_in_actor(config: Config, role: str) -> bool:
 def actor_resources(config: Config, cluster_gpus: float) -> dict[str, dict[str, Any]]:
     """Ray ``.options()`` for the ``explorer`` and ``trainer`` actors of ``config``."""
     explorer: dict[str, Any] = {"num_cpus": 1}
-    trainer: dict[str, Any] = {"num_cpus": 1}
+    trainer: dict[str, Any] = {"num_cpus": 0 if config.trainer.trainer_type == "verl" else 1}
     if cluster_gpus <= 0:
         return {"explorer": explorer, "trainer": trainer}
     if config.mode == "colocate":

@@ -67,6 +67,7 @@ def actor(models, loop):
     actor = VLLMEngineActor(engine_kwargs(config, on_cpu=is_cpu_build()))
     yield actor
     actor.shutdown()
+    loop.run_until_complete(asyncio.sleep(0.1))  # lets the engine's output task take its cancellation
 
 
 def _generate(loop, actor, prompts, **args):
@@ -138,7 +139,9 @@ def ray_cpu():
     ray.shutdown()
 
 
-def test_engines_start_on_a_cpu_ray_whose_cpus_are_taken(models, ray_cpu):
+@pytest.fixture(scope="module")
+def ray_engine(models, ray_cpu):
+    """An engine made as the explorer makes it, on a Ray whose two CPUs are both taken."""
     from trinity.explorer.engines.vllm_engine import create_vllm_engines
 
     @ray_cpu.remote(num_cpus=1)
@@ -150,18 +153,49 @@ def test_engines_start_on_a_cpu_ray_whose_cpus_are_taken(models, ray_cpu):
     ray_cpu.get([h.ping.remote() for h in holders])
     config = InferenceModelConfig(model_path=str(models[0]), dtype="float32", max_model_len=256, seed=0)
     [engine] = create_vllm_engines(config, SamplingArgs(max_tokens=6))
-    try:
-        [group] = engine.generate_tokens([[5, 6, 7]], SamplingArgs(n=2, max_tokens=6, seed=3))
-        assert len(group) == 2 and all(len(e.tokens) > 3 for e in group)
-        from transformers import AutoModelForCausalLM
+    yield engine
+    engine.shutdown()
 
-        state = AutoModelForCausalLM.from_pretrained(models[1], dtype=torch.float32).state_dict()
-        engine.update_weights(state, version=3)
-        tokens = [5, 6, 7, 8, 9, 10]
-        assert engine.model_version == 3
-        assert torch.allclose(engine.logprobs(tokens), _hf_logprobs(models[1], tokens), atol=TOLERANCE)
+
+def test_engines_start_on_a_cpu_ray_whose_cpus_are_taken(models, ray_engine):
+    [group] = ray_engine.generate_tokens([[5, 6, 7]], SamplingArgs(n=2, max_tokens=6, seed=3))
+    assert len(group) == 2 and all(len(e.tokens) > 3 for e in group)
+    from transformers import AutoModelForCausalLM
+
+    state = AutoModelForCausalLM.from_pretrained(models[1], dtype=torch.float32).state_dict()
+    ray_engine.update_weights(state, version=3)
+    tokens = [5, 6, 7, 8, 9, 10]
+    assert ray_engine.model_version == 3
+    assert torch.allclose(ray_engine.logprobs(tokens), _hf_logprobs(models[1], tokens), atol=TOLERANCE)
+
+
+def test_the_openai_api_serves_from_a_vllm_engine(ray_engine):
+    openai = pytest.importorskip("openai", reason="the OpenAI client comes with vLLM")
+    from trinity.explorer.model_wrapper import ModelWrapper
+
+    model = ModelWrapper(ray_engine, enable_history=True, name="tiny", model_path="/models/tiny")
+    try:
+        client = model.get_openai_client()
+        messages = [{"role": "user", "content": "hi"}]
+        completion = client.chat.completions.create(
+            model="tiny", messages=messages, n=2, max_tokens=6, seed=3, logprobs=True
+        )
+        history = model.extract_experience_from_history()
+        assert [c.message.content for c in completion.choices] == [e.response_text for e in history]
+        lps = [t.logprob for t in completion.choices[0].logprobs.content]
+        assert lps == pytest.approx(history[0].logprobs.tolist(), abs=1e-6)
+        # The model's chat template (ChatML) is applied by the handle, as with the transformers engine.
+        assert history[0].prompt_text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+        once = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, seed=5)
+        streamed = client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=6, seed=5, stream=True
+        )
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices)
+        assert text == once.choices[0].message.content  # same seed, same sample
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="tiny", messages=[])
     finally:
-        engine.shutdown()
+        model.close()
 
 
 def test_an_impossible_setting_fails_fast_in_one_line(models, ray_cpu):

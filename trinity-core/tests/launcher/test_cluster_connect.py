@@ -232,6 +232,22 @@ def test_more_gpus_per_node_than_the_nodes_have_is_one_clear_error():
         check_resources(_cluster_config(gpu_per_node=1), [_node()], "")
 
 
+def test_more_verl_cpu_ranks_than_a_node_has_cpus_is_one_clear_error():
+    def verl(ranks: int, mode: str = "both") -> Config:
+        trainer = {"trainer_type": "verl", "trainer_config": {"trainer": {"n_gpus_per_node": ranks}}}
+        return Config.model_validate({"mode": mode, "trainer": trainer})
+
+    check_resources(verl(2), [_node()], "")
+    check_resources(verl(3, mode="explore"), [_node()], "")  # no trainer in this job
+    check_resources(verl(3), [_node(1)], "")  # on GPUs a rank is a GPU, checked where it is placed
+    with pytest.raises(
+        ClusterError,
+        match=r"^the veRL trainer runs on CPU here \(the local Ray has no GPU\): 1 node\(s\) x 3 rank\(s\), "
+        r"one CPU each .* CPUs per node: 2; lower trainer.trainer_config.trainer.n_gpus_per_node$",
+    ):
+        check_resources(verl(3), [_node()], "")
+
+
 def test_colocate_on_several_gpus_warns_that_it_uses_one(caplog):
     with caplog.at_level(logging.WARNING, logger="trinity.cluster"):
         check_resources(_cluster_config(mode="colocate"), [_node(1)], "h:1")

@@ -26,6 +26,13 @@ def test_cpu_cluster_asks_for_no_gpus():
     assert actor_resources(_config(), 0) == {"explorer": {"num_cpus": 1}, "trainer": {"num_cpus": 1}}
 
 
+@pytest.mark.parametrize("gpus", [0, 8])
+def test_the_verl_driver_leaves_its_cpu_to_the_verl_ranks(gpus):
+    # veRL's ranks reserve a CPU each; a CPU held by the driver would be one rank fewer.
+    assert actor_resources(_config(trainer="verl"), gpus)["trainer"]["num_cpus"] == 0
+    assert actor_resources(_config(trainer="verl"), gpus)["explorer"]["num_cpus"] == 1
+
+
 def test_one_gpu_is_shared_by_both_roles():
     res = actor_resources(_config(), 1)
     assert res["explorer"]["num_gpus"] == pytest.approx(0.5)

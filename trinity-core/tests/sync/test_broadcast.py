@@ -15,7 +15,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -398,34 +397,35 @@ def test_transformers_engines_receive_the_broadcast(tiny_models):
     sender.close()
 
 
-class _FakeModel:
-    def __init__(self):
-        self.calls: list[list[tuple[str, torch.Tensor]]] = []
-        self.lock = threading.Lock()
-
-    def load_weights(self, weights):
-        with self.lock:
-            self.calls.append(list(weights))
-        return {name for name, _ in weights}
-
-
 class _FakeWorker:
-    """What WeightUpdateExtension needs of vLLM's GPU worker: ``rank``, ``device`` and
-    ``model_runner.model.load_weights`` (here recording what it gets)."""
+    """What WeightUpdateExtension needs of vLLM's worker: ``rank``, ``device`` and
+    ``reload_weights(weights_iterator=..., is_checkpoint_format=True)`` (here recording each
+    reload's weights, and how many received batches were waiting while it read them)."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, fail_after: int | None = None):
         self.rank = rank
         self.device = torch.device("cpu")
-        self.model_runner = type("Runner", (), {})()
-        self.model_runner.model = _FakeModel()
+        self.model_runner = type("Runner", (), {"model": None})()
+        self.reloads: list[list[tuple[str, torch.Tensor]]] = []
+        self.fail_after = fail_after
+
+    def reload_weights(self, weights_iterator, is_checkpoint_format):
+        assert is_checkpoint_format
+        got: list[tuple[str, torch.Tensor]] = []
+        self.reloads.append(got)
+        for pair in weights_iterator:
+            got.append(pair)
+            if self.fail_after is not None and len(got) == self.fail_after:
+                raise RuntimeError("reload failed")
 
 
-def test_vllm_worker_extension_receives_in_batches():
+def test_vllm_worker_extension_reloads_each_version_in_one_pass():
     from trinity.explorer.engines.vllm_engine import WeightUpdateExtension
 
     worker_cls = type("Worker", (WeightUpdateExtension, _FakeWorker), {"trinity_load_batch_bytes": 200})
-    # One engine with tensor_parallel_size 2: its workers are ranks offset+0 and offset+1.
-    workers = [worker_cls(0), worker_cls(1)]
+    # One engine with tensor_parallel_size 2: its workers are ranks offset+0 and offset+1; the
+    # second fails its reload half-way and must still take every broadcast (or rank 1 would hang).
+    workers = [worker_cls(0), worker_cls(1, fail_after=2)]
     assert [w.trinity_weight_sync_device() for w in workers] == ["cpu", "cpu"]
     sender = WeightSender(3, "gloo", 20)
     # vLLM's collective_rpc passes arguments through msgpack: plain ints, floats, strings, lists.
@@ -435,15 +435,20 @@ def test_vllm_worker_extension_receives_in_batches():
     )
     assert [w.trinity_weight_receiver.group.rank for w in workers] == [1, 2]
     state = _state_dict()
-    metas = sender.prepare(state, 9)
-    results = _together(sender.send, *(lambda w=w: w.trinity_receive_weights(metas, 9) for w in workers))
-    assert not any(isinstance(r, BaseException) for r in results), results
+    for version in (9, 10):  # a failed reload leaves the group usable for the next version
+        metas = sender.prepare(state, version)
+        ok, failed = _together(
+            sender.send, *(lambda w=w, m=metas, v=version: w.trinity_receive_weights(m, v) for w in workers)
+        )[1:]
+        assert not isinstance(ok, BaseException), ok
+        assert isinstance(failed, RuntimeError) and str(failed) == "reload failed"
+    good = workers[0]
+    # One reload per version: vLLM processes each layer once all of it is loaded.
+    assert len(good.reloads) == 2
+    got = dict(good.reloads[-1])
+    assert set(got) == set(state)
+    assert all(_bitwise_equal(got[name], state[name]) for name in state)
     for worker in workers:
-        calls = worker.model_runner.model.calls
-        assert len(calls) > 1  # loaded in batches of about 200 bytes
-        got = dict(pair for call in calls for pair in call)
-        assert set(got) == set(state)
-        assert all(_bitwise_equal(got[name], state[name]) for name in state)
         worker.trinity_close_weight_group()
     sender.close()
 

@@ -47,6 +47,27 @@ def _fail(message, delay=0.0):
     raise WeightSyncError(message)
 
 
+@ray.remote(num_cpus=0)
+class _Unstartable:
+    def __init__(self) -> None:
+        raise RuntimeError("the veRL trainer needs 3 CPU bundles; Ray has 2 CPU")
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_an_actor_that_cannot_start_is_one_line_naming_its_error(local_ray):
+    from trinity.sync.transport import get_result
+
+    with pytest.raises(WeightSyncFailed) as failed:
+        get_result(local_ray, _Unstartable.remote().ready.remote(), "starting actors")
+    message = str(failed.value)
+    assert message == (
+        "starting actors: an actor died: _Unstartable.__init__ raised "
+        "RuntimeError: the veRL trainer needs 3 CPU bundles; Ray has 2 CPU"
+    )
+
+
 def test_results_in_submission_order(local_ray):
     refs = [_answer.remote("sent", 0.2), _answer.remote("received")]
     assert get_together(local_ray, refs, "weight sync", timeout=30) == ["sent", "received"]

@@ -1,7 +1,7 @@
-"""Our conversion and loss against the real veRL (CPU): run by ``nox -s verl_api``.
+"""Our conversion and loss against the real veRL (CPU): run by ``nox -s verl`` and ``nox -s verl_api``.
 
-Skipped elsewhere: veRL is an optional extra and never needed by the core test suite. What these
-tests cannot reach is FSDP itself (GPUs and Ray workers together); see trinity-core/README.md.
+Skipped elsewhere: veRL is an optional extra and never needed by the core test suite. These tests
+start no veRL worker; ``test_verl_cpu.py`` (``nox -s verl``) runs veRL's FSDP workers for real.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-verl = pytest.importorskip("verl", reason="veRL is installed only in the `nox -s verl_api` session")
+verl = pytest.importorskip("verl", reason="veRL is installed only in the `nox -s verl` / `verl_api` sessions")
 
 from tensordict import TensorDictBase  # noqa: E402  (after the skip: tensordict comes with veRL)
 from verl.utils import tensordict_utils as tu  # noqa: E402
@@ -202,8 +202,9 @@ def test_worker_outputs_are_tensordicts_or_futures():
 
 
 # -- the driver, with stand-in worker groups -----------------------------------------------------
-# FSDP workers need GPUs; these stand-ins take and return the same TensorDicts veRL's workers do
-# (nested per-token outputs, a ``metrics`` entry), so the driver's data flow runs for real.
+# Stand-ins that take and return the same TensorDicts veRL's workers do (nested per-token outputs,
+# a ``metrics`` entry): the driver's data flow alone, in milliseconds (test_verl_cpu.py runs it
+# with veRL's real workers).
 
 
 def _token_values(td, scale: float) -> torch.Tensor:

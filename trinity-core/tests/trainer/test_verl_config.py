@@ -101,6 +101,79 @@ def test_unknown_cluster_size_asks_for_it_unless_passed_in():
     assert build_verl_config(config, node_num=1, gpu_per_node=4)["trainer"]["n_gpus_per_node"] == 3
 
 
+# -- CPU (gloo) ----------------------------------------------------------------------------------
+
+
+def test_on_cpu_the_ranks_come_from_verls_trainer_keys_and_no_gpu_split_applies():
+    config = _config(cluster={"node_num": 0, "gpu_per_node": 0})
+    verl = build_verl_config(config, device="cpu")
+    assert (verl["trainer"]["nnodes"], verl["trainer"]["n_gpus_per_node"], verl["trainer"]["device"]) == (
+        1,
+        1,
+        "cpu",
+    )
+    # Unset micro-batching: one micro-batch per rank, of the rank's share of the mini-batch.
+    assert verl["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] == 32
+    two = _config(
+        cluster={"node_num": 0, "gpu_per_node": 0},
+        trainer={"trainer_config": {"trainer": {"n_gpus_per_node": 2}}},
+    )
+    verl = build_verl_config(two, device="cpu")
+    assert verl["trainer"]["n_gpus_per_node"] == 2
+    assert verl["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] == 16
+    bad = _config(trainer={"trainer_config": {"trainer": {"n_gpus_per_node": 0}}})
+    with pytest.raises(ConfigError, match="must be a positive integer") as err:
+        build_verl_config(bad, device="cpu")
+    assert err.value.key == "trainer.trainer_config.trainer.n_gpus_per_node"
+
+
+def test_cpu_settings_apply_on_cpu_only_and_the_users_keys_win():
+    from trinity.trainer.verl.config import CPU_SETTINGS
+
+    config = _config()
+    cpu, gpu = build_verl_config(config, device="cpu"), build_verl_config(config)
+    for path, (value, why) in CPU_SETTINGS.items():
+        assert _select(cpu, path) == value and why, path
+        with pytest.raises(KeyError):
+            _select(gpu, path)
+    # trainer.dtype auto: float32 on CPU (as the native trainer), veRL's own default on GPU.
+    assert _select(cpu, "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype") == "fp32"
+    assert "mixed_precision" not in gpu["actor_rollout_ref"]["actor"]["fsdp_config"]
+    bf16 = build_verl_config(_config(trainer={"dtype": "bfloat16"}), device="cpu")
+    assert _select(bf16, "critic.fsdp.mixed_precision.param_dtype") == "bf16"
+    eager = {"actor_rollout_ref": {"model": {"override_config": {"attn_implementation": "eager"}}}}
+    mine = build_verl_config(_config(trainer={"trainer_config": eager}), device="cpu")
+    assert _select(mine, "actor_rollout_ref.model.override_config.attn_implementation") == "eager"
+
+
+def test_flash_attention_on_cpu_is_one_line_naming_the_key():
+    flash = {"critic": {"model": {"override_config": {"attn_implementation": "flash_attention_2"}}}}
+    config = _config(trainer={"trainer_config": flash})
+    build_verl_config(config)  # on GPUs it is veRL's default
+    with pytest.raises(
+        ConfigError, match=r"'flash_attention_2' needs a CUDA GPU .* use one of sdpa, eager"
+    ) as err:
+        build_verl_config(config, device="cpu")
+    assert err.value.key == "trainer.trainer_config.critic.model.override_config.attn_implementation"
+    assert "\n" not in str(err.value)
+    cuda = _config(trainer={"trainer_config": {"trainer": {"device": "cuda"}}})
+    with pytest.raises(ConfigError, match="Ray reports no GPU") as err:
+        build_verl_config(cuda, device="cpu")
+    assert err.value.key == "trainer.trainer_config.trainer.device"
+
+
+def test_placement_timeout_comes_from_the_environment_or_is_refused_in_one_line(monkeypatch):
+    from trinity.trainer.verl.trainer import PLACEMENT_TIMEOUT_S, placement_timeout_s
+
+    monkeypatch.delenv("TRINITY_VERL_PLACEMENT_TIMEOUT_S", raising=False)
+    assert placement_timeout_s() == PLACEMENT_TIMEOUT_S < 60
+    monkeypatch.setenv("TRINITY_VERL_PLACEMENT_TIMEOUT_S", "5")
+    assert placement_timeout_s() == 5.0
+    monkeypatch.setenv("TRINITY_VERL_PLACEMENT_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match=r"must be a positive number of seconds, got 'soon'"):
+        placement_timeout_s()
+
+
 # -- translation and trainer_config precedence ---------------------------------------------------
 
 

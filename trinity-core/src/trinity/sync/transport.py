@@ -45,8 +45,23 @@ def get_result(ray: Any, refs: Any, doing: str, error: type[Exception] = WeightS
         if isinstance(exc, RayTaskError):
             reason = repr(exc.cause) if exc.cause else str(exc)
         else:
-            reason = f"an actor died ({exc})"
+            reason = actor_death(exc)
         raise error(f"{doing}: {reason}") from exc
+
+
+def actor_death(exc: Exception) -> str:
+    """Why an actor died, in one line. An actor whose constructor raised: ``an actor died:
+    <Class>.__init__ raised <Error>: <message>`` (Ray's message holds the whole traceback; its
+    last line is the exception). Any other death: Ray's message in brackets."""
+    import re
+
+    text = str(exc)
+    if getattr(exc, "_actor_init_failed", False) or "creation task" in text:
+        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+        where = re.search(r"ray::([\w:.]+\.__init__)\(\)", text)
+        if lines and re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b", lines[-1]):
+            return f"an actor died: {where.group(1) if where else 'its constructor'} raised {lines[-1]}"
+    return f"an actor died ({text})"
 
 
 def get_together(

@@ -30,7 +30,8 @@ class TrainerConfig(Section):
     name: str = F("trainer", "Ray actor name of the trainer (unique).")
     trainer_type: TrainerType = F(
         "auto",
-        "`verl` (FSDP, GPU), `native` (plain torch, anywhere) or `auto` (verl when installed with a GPU).",
+        "`verl` (veRL's FSDP workers: on GPUs, or on CPU with gloo where Ray has no GPU), `native` (plain "
+        "torch, anywhere) or `auto` (verl when installed with a GPU, else native).",
     )
     trainer_strategy: Literal["fsdp", "fsdp2", "megatron"] = F("fsdp2", "veRL parallel strategy.")
     save_interval: int = F(0, "Save a checkpoint every this many steps; 0 saves only at the end.", ge=0)
@@ -43,7 +44,9 @@ class TrainerConfig(Section):
     )
     grad_clip: float = F(1.0, "Gradient-norm clipping of the actor.", gt=0)
     use_dynamic_bsz: bool = F(True, "Pack micro-batches by token count instead of row count.")
-    use_remove_padding: bool = F(True, "Remove padding tokens before the forward pass (veRL).")
+    use_remove_padding: bool = F(
+        True, "Remove padding tokens before the forward pass (veRL; on CPU too, with SDPA attention)."
+    )
     balance_batch: bool = F(True, "Balance tokens across data-parallel ranks.")
     critic_warmup: int = F(0, "Steps that train only the critic.", ge=0)
     max_token_len_per_gpu: int | None = F(
@@ -85,7 +88,8 @@ class TrainerConfig(Section):
         False, "Recompute activations in backward to save memory (native trainer)."
     )
     dtype: Literal["auto", "float32", "bfloat16"] = F(
-        "auto", "Training dtype (native trainer); `auto`: bfloat16 on GPU, float32 on CPU."
+        "auto",
+        "Training dtype (native trainer; veRL: its FSDP compute dtype); `auto`: bfloat16 on GPU, float32 on CPU.",
     )
     use_rollout_logprobs: bool = F(
         False, "Use the explorer's logprobs as old logprobs instead of recomputing them (native trainer)."

@@ -3,7 +3,7 @@
 
 veRL's internals move between minor releases (0.9 replaced ``fsdp_workers.py`` and
 ``dp_actor.py`` with the engine workers used here), so whoever changes :mod:`.trainer`,
-:mod:`.workers`, :mod:`.loss` or :mod:`.dataproto` updates this table with it.
+:mod:`.workers`, :mod:`.platform`, :mod:`.loss` or :mod:`.dataproto` updates this table with it.
 """
 
 from __future__ import annotations
@@ -87,6 +87,45 @@ VERL_API: dict[str, tuple[str, ...]] = {
     "verl.utils.tensordict_utils:get": ("tensordict", "key", "default"),
     "verl.utils.tensordict_utils:get_non_tensor_data": ("data", "key", "default"),
     "verl.utils.config:omega_conf_to_dataclass": (),
+    # Placement: our placement groups, handed to veRL's pool.
+    "verl.single_controller.ray:RayResourcePool.__init__": ("max_colocate_count",),
+    "verl.single_controller.ray.base:sort_placement_group_by_node_ip": ("pgs",),
+    # The CPU platform (trinity.trainer.verl.platform) and what it prepares in a CPU worker.
+    "verl.plugin.platform:PlatformBase": (
+        "device_name",
+        "device_module",
+        "communication_backend_name",
+        "ray_resource_name",
+    ),
+    "verl.plugin.platform:PlatformRegistry.register": ("platform",),
+    "verl.utils.device:get_device_name": (),
+    "verl.workers.engine.base:EngineRegistry": ("_engines", "register", "get_engine_cls"),
+    "verl.workers.engine.base:EngineRegistry.register": ("model_type", "backend", "device"),
+    "verl.workers.engine.fsdp.transformer_impl:CPUOffloadPolicy": ("pin_memory",),
+    "verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithLMHead": (),
+    "verl.workers.engine.fsdp.transformer_impl:FSDPEngineWithValueHead": (),
+    "verl.utils.model:load_valuehead_model": (
+        "local_path",
+        "torch_dtype",
+        "model_config",
+        "trust_remote_code",
+    ),
+}
+
+# veRL behaviour the back-end relies on, as text that must still appear in veRL's source.
+VERL_SOURCE: dict[str, tuple[str, ...]] = {
+    # The pool uses placement groups already set (VerlTrainer places them with a timeout); CPU
+    # workers get our platform through worker_env.
+    "verl/single_controller/ray/base.py": ("if self.pgs is not None:", '"worker_env"'),
+    # Platform selection: external modules imported by `import verl`, and the explicit override.
+    "verl/__init__.py": ("VERL_USE_EXTERNAL_MODULES",),
+    "verl/plugin/platform/platform_manager.py": ("VERL_PLATFORM",),
+    # veRL initialises the process group only when none exists (CPU workers create it with gloo).
+    "verl/utils/distributed.py": ("if not torch.distributed.is_initialized():",),
+    # The reference model's pinned offload policy, built unpinned on CPU; the value model's
+    # hard-coded flash attention, loaded with the config's attention on CPU.
+    "verl/workers/engine/fsdp/transformer_impl.py": ("CPUOffloadPolicy(pin_memory=True)",),
+    "verl/utils/model.py": ('attn_implementation="flash_attention_2"',),
 }
 
 # Non-tensor keys the driver sets on a batch, and where veRL reads each one.
@@ -127,4 +166,4 @@ VERL_BATCH_KEYS: dict[str, str] = {
 # Roles our driver creates ActorRolloutRefWorker with (it asserts a fixed list).
 VERL_ROLES = ("actor", "ref")
 
-__all__ = ["VERL_API", "VERL_BATCH_KEYS", "VERL_META_KEYS", "VERL_ROLES"]
+__all__ = ["VERL_API", "VERL_BATCH_KEYS", "VERL_META_KEYS", "VERL_ROLES", "VERL_SOURCE"]

@@ -93,6 +93,69 @@ def trainer_gpu_split(
     return trainer // per_node, per_node
 
 
+#: Attention implementations transformers runs without a GPU (``flash_attention_*`` need CUDA).
+CPU_ATTENTION = ("sdpa", "eager")
+
+#: veRL keys this back-end sets differently when veRL's workers run on CPU (gloo), and why. A key the
+#: user writes in ``trainer.trainer_config`` still wins; impossible values are refused
+#: (:func:`check_cpu_config`).
+CPU_SETTINGS: dict[str, tuple[Any, str]] = {
+    "actor_rollout_ref.model.override_config.attn_implementation": (
+        "sdpa",
+        "veRL loads models with flash_attention_2, which needs a CUDA GPU; torch's SDPA runs on CPU and, "
+        "with use_remove_padding, reads the packed sequences' boundaries from their position ids",
+    ),
+    "critic.model.override_config.attn_implementation": ("sdpa", "as the actor's"),
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile": (
+        False,
+        "veRL compiles its entropy function with torch.compile; on CPU inductor builds C++ for it in every "
+        "worker (tens of seconds, again for each new shape) to speed up an element-wise function",
+    ),
+    "actor_rollout_ref.ref.fsdp_config.use_torch_compile": (False, "as the actor's"),
+    "critic.fsdp.use_torch_compile": (False, "as the actor's"),
+}
+
+_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def cpu_trainer_split(config: Config) -> tuple[int, int]:
+    """``(nnodes, ranks_per_node)`` of the trainer when veRL's workers run on CPU.
+
+    Without GPUs there is no split to derive: each rank is one gloo process on one CPU bundle. The
+    count is veRL's own ``trainer.nnodes`` / ``trainer.n_gpus_per_node`` from
+    ``trainer.trainer_config`` (on CPU: ranks per node), 1 x 1 unless set there.
+    """
+    section = (config.trainer.trainer_config or {}).get("trainer") or {}
+    out = []
+    for key in ("nnodes", "n_gpus_per_node"):
+        value = section.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(
+                f"must be a positive integer (veRL ranks; on CPU each is one gloo process), got {value!r}",
+                key=f"trainer.trainer_config.trainer.{key}",
+            )
+        out.append(value)
+    return out[0], out[1]
+
+
+def check_cpu_config(merged: dict[str, Any]) -> None:
+    """Refuse, in one line naming the key, a veRL setting that cannot run on CPU."""
+    device = _get(merged, "trainer.device")
+    if device != "cpu":
+        raise ConfigError(
+            f"is {device!r}, but Ray reports no GPU, so the veRL trainer runs on CPU; remove the key",
+            key="trainer.trainer_config.trainer.device",
+        )
+    for key in ("actor_rollout_ref.model", "critic.model"):
+        attn = _get(merged, f"{key}.override_config.attn_implementation")
+        if attn is not _MISSING and attn not in CPU_ATTENTION:
+            raise ConfigError(
+                f"attn_implementation {attn!r} needs a CUDA GPU and the veRL trainer runs on CPU here (Ray "
+                f"reports no GPU); use one of {', '.join(CPU_ATTENTION)}",
+                key=f"trainer.trainer_config.{key}.override_config.attn_implementation",
+            )
+
+
 def _mini_batch(config: Config) -> tuple[int, int]:
     """``(ppo_mini_batch_size, rollout.n)`` with veRL's meaning (mini-batch rows = their product).
 
@@ -304,18 +367,23 @@ def total_training_steps(config: Config) -> int | None:
 
 
 def build_verl_config(
-    config: Config, *, node_num: int | None = None, gpu_per_node: int | None = None
+    config: Config, *, node_num: int | None = None, gpu_per_node: int | None = None, device: str = "cuda"
 ) -> dict[str, Any]:
     """veRL's configuration for ``config`` (a resolved :class:`~trinity.config.Config`).
 
     Returns a plain nested ``dict`` with veRL's section names; ``trainer.trainer_config`` has been
     deep-merged over the translated keys (user keys win), then the :data:`FOLLOWERS` filled.
     ``node_num`` / ``gpu_per_node`` override ``cluster.*`` (the launcher passes what Ray reports
-    when those are 0). Raises :class:`~trinity.config.errors.ConfigError` naming the key at fault.
+    when those are 0). ``device="cpu"``: veRL's workers run on CPU with gloo; the ranks come from
+    :func:`cpu_trainer_split` and the :data:`CPU_SETTINGS` apply. Raises
+    :class:`~trinity.config.errors.ConfigError` naming the key at fault.
     """
     from trinity.trainer.components import AlgorithmComponents
 
-    nnodes, n_gpus_per_node = trainer_gpu_split(config, node_num, gpu_per_node)
+    if device == "cpu":
+        nnodes, n_gpus_per_node = cpu_trainer_split(config)
+    else:
+        nnodes, n_gpus_per_node = trainer_gpu_split(config, node_num, gpu_per_node)
     steps = total_training_steps(config)
     t, m, algo = config.trainer, config.model, config.algorithm
     # The back-ends' own reading of the algorithm, so the informational keys say what runs.
@@ -334,6 +402,7 @@ def build_verl_config(
         "trainer": {
             "nnodes": nnodes,
             "n_gpus_per_node": n_gpus_per_node,
+            "device": device,
             "project_name": config.project,
             "experiment_name": config.name,
             "default_local_dir": config.checkpoint_job_dir or config.job_dir,
@@ -349,10 +418,40 @@ def build_verl_config(
             "val_before_train": False,
         },
     }
+    param_dtype = _param_dtype(config, device)
+    if param_dtype:
+        for path in (f"{_ACTOR}.fsdp_config", "actor_rollout_ref.ref.fsdp_config", "critic.fsdp"):
+            _set(translated, f"{path}.mixed_precision.param_dtype", param_dtype)
+    if device == "cpu":
+        for path, (value, _why) in CPU_SETTINGS.items():
+            _set(translated, path, value)
     user = _move_legacy(t.trainer_config or {})
     merged = deep_merge(translated, user)
     _fill_followers(merged, user)
+    if device == "cpu":
+        check_cpu_config(merged)
     return merged
 
 
-__all__ = ["build_verl_config", "explorer_gpu_count", "total_training_steps", "trainer_gpu_split"]
+def _param_dtype(config: Config, device: str) -> str | None:
+    """veRL's FSDP compute dtype from ``trainer.dtype``; ``None`` leaves veRL's default (bf16).
+
+    ``auto`` follows the native trainer: bfloat16 on GPU, float32 on CPU (bf16 matmuls are slow
+    on most CPUs and would make the CPU run differ from the native trainer's numerics).
+    """
+    dtype = config.trainer.dtype
+    if dtype == "auto":
+        return "fp32" if device == "cpu" else None
+    return _DTYPES[dtype]
+
+
+__all__ = [
+    "CPU_ATTENTION",
+    "CPU_SETTINGS",
+    "build_verl_config",
+    "check_cpu_config",
+    "cpu_trainer_split",
+    "explorer_gpu_count",
+    "total_training_steps",
+    "trainer_gpu_split",
+]

@@ -1,4 +1,4 @@
-"""``VerlTrainer``: the veRL back-end (``trainer.trainer_type: verl``), GPU only.
+"""``VerlTrainer``: the veRL back-end (``trainer.trainer_type: verl``), on GPUs or on CPU.
 
 Same interface as :class:`~trinity.trainer.native.NativeTrainer` (``train_step``,
 ``state_dict``, ``save_checkpoint``, ``load_checkpoint``, ``global_step``, ``tokenizer``), same
@@ -12,8 +12,14 @@ algorithm: one step is
 4. on the workers: critic update (``train_mini_batch`` with veRL's value loss), then the actor
    update (``update_actor``) whose loss is our :class:`~trinity.trainer.verl.loss.ActorLoss`.
 
-The workers run where veRL puts them: one Ray worker per trainer GPU (``trainer_gpu_split``),
-the actor, reference model and critic colocated in each, driven from the Trainer actor.
+The workers are one Ray worker per trainer rank, the actor, reference model and critic colocated
+in each, driven from the Trainer actor. Where the config or Ray has GPUs a rank is a GPU
+(``trainer_gpu_split``); where neither has any, a rank is a gloo process on one CPU
+(``trainer.trainer_config.trainer.n_gpus_per_node`` ranks, default 1), on this project's veRL
+platform (:mod:`~trinity.trainer.verl.platform`) with the settings of
+:data:`~trinity.trainer.verl.config.CPU_SETTINGS`. Their placement is reserved first, with a
+time limit (:func:`place_workers`): a cluster without room fails in one line naming what is
+missing instead of waiting for ever.
 Checkpoints follow our layout (``<job_dir>/global_step_N/``, ``trainer_state.pt`` written last)
 with veRL's sharded state in ``actor/`` and ``critic/`` and the Hugging Face weights veRL exports
 linked into the step folder, so ``from_pretrained(global_step_N)`` works as with the native one.
@@ -58,17 +64,127 @@ def full_verl_config(translated: dict[str, Any]) -> Any:
     return cfg
 
 
-def cluster_size(config: Config) -> tuple[int, int]:
-    """``(node_num, gpu_per_node)`` from the config, or what Ray reports where the config says 0."""
-    import ray
+#: Seconds to wait for Ray to place veRL's workers before failing with what is missing, unless
+#: ``TRINITY_VERL_PLACEMENT_TIMEOUT_S`` says otherwise (a ``TRINITY_`` variable reaches the trainer
+#: actor on any cluster). Short enough that a job which cannot start says so within a minute.
+PLACEMENT_TIMEOUT_S = 45.0
 
+
+def placement_timeout_s() -> float:
+    """:data:`PLACEMENT_TIMEOUT_S`, or ``$TRINITY_VERL_PLACEMENT_TIMEOUT_S`` when set."""
+    raw = os.environ.get("TRINITY_VERL_PLACEMENT_TIMEOUT_S", "").strip()
+    if not raw:
+        return PLACEMENT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(
+            f"TRINITY_VERL_PLACEMENT_TIMEOUT_S must be a positive number of seconds, got {raw!r}"
+        )
+    return value
+
+
+def cluster_size(config: Config) -> tuple[str, int, int]:
+    """``(device, node_num, gpu_per_node)`` of the cluster veRL's workers are placed on.
+
+    ``("cuda", nodes, gpus)`` from ``cluster.*``, or what Ray reports where the config says 0;
+    ``("cpu", 0, 0)`` where neither the config nor Ray has a GPU: the workers then run on CPU
+    with gloo, as many as :func:`~trinity.trainer.verl.config.cpu_trainer_split` says.
+    """
     nodes, per_node = config.cluster.node_num, config.cluster.gpu_per_node
     if nodes and per_node:
-        return nodes, per_node
+        return "cuda", nodes, per_node
+    import ray
+
     gpu_nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0]
     if not gpu_nodes:
-        raise RuntimeError("trainer.trainer_type 'verl' needs GPUs, and the Ray cluster reports none")
-    return nodes or len(gpu_nodes), per_node or int(gpu_nodes[0]["Resources"]["GPU"])
+        if per_node:
+            raise RuntimeError(
+                f"cluster.gpu_per_node is {per_node} but the Ray cluster reports no GPU; set it to 0 to "
+                "train with veRL on CPU"
+            )
+        return "cpu", 0, 0
+    return "cuda", nodes or len(gpu_nodes), per_node or int(gpu_nodes[0]["Resources"]["GPU"])
+
+
+def _resources_line(ray: Any) -> str:
+    """What the Ray cluster has, for placement errors: per alive node, free / total CPUs and GPUs."""
+    free = ray.available_resources()
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    per_node = ", ".join(
+        f"{n['Resources'].get('CPU', 0):g} CPU / {n['Resources'].get('GPU', 0):g} GPU" for n in nodes
+    )
+    return (
+        f"Ray has {len(nodes)} node(s) ({per_node or 'none'}), {free.get('CPU', 0):g} CPU and "
+        f"{free.get('GPU', 0):g} GPU free"
+    )
+
+
+def place_workers(nnodes: int, per_node: int, use_gpu: bool, name: str, timeout_s: float) -> list[Any]:
+    """One placement group per node, ``per_node`` bundles each (one veRL rank per bundle: one CPU,
+    and one GPU where ``use_gpu``), ready within ``timeout_s`` seconds.
+
+    veRL creates the same groups itself but waits for them without a limit, so a job that asks
+    for more than the cluster has would hang; a request no node can ever hold fails at once.
+    Raises ``RuntimeError`` (one line naming what is missing).
+    """
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundle = {"CPU": 1.0, **({"GPU": 1.0} if use_gpu else {})}
+    kind = "GPU" if use_gpu else "CPU"
+    need = (
+        f"the veRL trainer needs {nnodes} node(s) x {per_node} {kind} bundle(s) for its "
+        f"{nnodes * per_node} rank(s) ({' + '.join(f'{v:g} {k}' for k, v in bundle.items())} each)"
+    )
+    if use_gpu:
+        fix = "lower cluster.gpu_per_node, or the explorer's engine_num, or add GPUs"
+    else:
+        fix = (
+            "lower trainer.trainer_config.trainer.n_gpus_per_node (ranks per node on CPU) or give Ray "
+            "more CPUs"
+        )
+    fits = [
+        n
+        for n in ray.nodes()
+        if n.get("Alive") and all(n["Resources"].get(k, 0) >= v * per_node for k, v in bundle.items())
+    ]
+    if len(fits) < nnodes:
+        raise RuntimeError(
+            f"{need}, and only {len(fits)} node(s) are that large; {_resources_line(ray)}; {fix}"
+        )
+    groups = [
+        placement_group([dict(bundle) for _ in range(per_node)], strategy="STRICT_PACK", name=f"{name}_{i}")
+        for i in range(nnodes)
+    ]
+    ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=timeout_s)
+    if len(ready) < len(groups):
+        line = f"{need}, and Ray could not place them in {timeout_s:g} s; {_resources_line(ray)}; {fix}"
+        for group in groups:
+            remove_placement_group(group)
+        raise RuntimeError(line)
+    return groups
+
+
+def _log_cpu_settings(merged: dict[str, Any]) -> None:
+    """Say once, in the trainer's log, that veRL runs on CPU and with which CPU-specific values."""
+    from trinity.trainer.verl.config import CPU_SETTINGS
+
+    values = []
+    for path, _ in CPU_SETTINGS.items():
+        node: Any = merged
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        values.append(f"{path}={node}")
+    t = merged["trainer"]
+    logger.info(
+        "veRL trainer on CPU (Ray reports no GPU): %d node(s) x %d gloo rank(s); %s (see trinity-core/README.md)",
+        t["nnodes"],
+        t["n_gpus_per_node"],
+        ", ".join(values),
+    )
 
 
 def _mean(value: Any) -> float:
@@ -100,7 +216,7 @@ class VerlTrainer:
         config: a resolved :class:`~trinity.config.Config` with ``trainer.trainer_type: verl``.
         total_steps: training steps for warm-up ratios and the cosine schedule (as NativeTrainer).
         workers: ready worker groups by role (``actor``, ``ref``, ``critic``) instead of spawning
-            veRL's; for tests of the driver where no GPU is available.
+            veRL's; for tests of the driver alone (nothing is placed).
     """
 
     def __init__(
@@ -123,38 +239,73 @@ class VerlTrainer:
         self.use_ref = self.components.use_reference
         self.use_critic = bool(self.algorithm_type.use_critic)
 
-        node_num, gpu_per_node = cluster_size(config)
-        translated = build_verl_config(config, node_num=node_num, gpu_per_node=gpu_per_node)
+        self.device, node_num, gpu_per_node = cluster_size(config)
+        translated = build_verl_config(
+            config, node_num=node_num, gpu_per_node=gpu_per_node, device=self.device
+        )
+        if self.device == "cpu":
+            _log_cpu_settings(translated)
         steps = total_steps or total_training_steps(config)
         if steps:
             for section in (translated["actor_rollout_ref"]["actor"], translated["critic"]):
                 section.setdefault("optim", {})["total_training_steps"] = steps
-        self.verl_config = cfg = full_verl_config(translated)
-        self.world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+        self._group: Any = None
+        self._placement_groups: list[Any] = []
+        if workers is None:
+            # Reserve the ranks' CPUs (and GPUs) first: a cluster without room for them fails here,
+            # in seconds, before veRL is even imported.
+            ranks = translated["trainer"]
+            self._placement_groups = place_workers(
+                int(ranks["nnodes"]),
+                int(ranks["n_gpus_per_node"]),
+                self.device != "cpu",
+                f"{config.trainer.name}_verl",
+                placement_timeout_s(),
+            )
+        try:
+            self.verl_config = cfg = full_verl_config(translated)
+            self.world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
-        model_path = config.model.model_path
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            model_path, trust_remote_code=config.model.trust_remote_code
-        )
-        self.pad_token_id = self.tokenizer.pad_token_id or 0
+            model_path = config.model.model_path
+            self.tokenizer = AutoTokenizer.from_pretrained(
+                model_path, trust_remote_code=config.model.trust_remote_code
+            )
+            self.pad_token_id = self.tokenizer.pad_token_id or 0
 
-        self.workers = workers if workers is not None else self._spawn(cfg)
+            self.workers = workers if workers is not None else self._spawn(cfg)
+        except BaseException:
+            self.close()  # the reserved CPUs/GPUs and any worker already started
+            raise
         self.global_step = 0
 
     def _spawn(self, cfg: Any) -> dict[str, Any]:
-        """veRL's worker groups, one colocated Ray worker per trainer GPU, initialised."""
+        """veRL's worker groups, one colocated Ray worker per trainer rank, initialised.
+
+        On GPUs a rank is a GPU; on CPU (no GPU in the config or in Ray) a gloo process on one
+        CPU, with this project's veRL platform (:mod:`~trinity.trainer.verl.platform`).
+        """
         import ray
         from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-        from verl.single_controller.ray.base import create_colocated_worker_cls
+        from verl.single_controller.ray.base import (
+            create_colocated_worker_cls,
+            sort_placement_group_by_node_ip,
+        )
         from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
+        from trinity.trainer.verl.platform import worker_env
         from trinity.trainer.verl.workers import TrinityActorWorker
 
+        use_gpu = self.device != "cpu"
+        name = f"{self.config.trainer.name}_verl"
+        # One process per rank holds the actor, the reference model and the critic (colocated),
+        # so a bundle needs one CPU (and one GPU), not veRL's default ten CPUs per GPU.
         pool = RayResourcePool(
             process_on_nodes=[cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
-            use_gpu=True,
-            name_prefix=f"{self.config.trainer.name}_verl",
+            use_gpu=use_gpu,
+            name_prefix=name,
+            max_colocate_count=1,
         )
+        pool.pgs = sort_placement_group_by_node_ip(self._placement_groups)
         class_dict = {
             "actor": RayClassWithInitArgs(
                 cls=ray.remote(TrinityActorWorker), config=cfg.actor_rollout_ref, role="actor"
@@ -169,8 +320,14 @@ class VerlTrainer:
             critic_cfg, training_cfg = self._critic_configs(cfg)
             class_dict["critic"] = RayClassWithInitArgs(cls=ray.remote(TrainingWorker), config=training_cfg)
         group = RayWorkerGroup(
-            resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(class_dict), device_name="cuda"
+            resource_pool=pool,
+            ray_cls_with_init=create_colocated_worker_cls(class_dict),
+            device_name=self.device,
+            # veRL picks its platform once per process, when it is first asked; CPU workers are
+            # told to pick ours (a GPU host's CUDA platform would otherwise win there).
+            worker_env={} if use_gpu else worker_env(),
         )
+        self._group = group
         workers = group.spawn(prefix_set=list(class_dict))
         if critic_cfg is not None:
             from verl.workers.utils.losses import value_loss
@@ -183,6 +340,19 @@ class VerlTrainer:
         # veRL's actor installs its own PPO loss in init_model; ours replaces it.
         workers["actor"].set_loss_fn(self.actor_loss)
         return workers
+
+    def close(self) -> None:
+        """Stop veRL's workers and free their placement (CPUs/GPUs) now rather than when the Ray
+        job ends: another trainer can then be placed on them (a resumed run, a test)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        group, self._group = self._group, None
+        for worker in getattr(group, "workers", None) or []:
+            ray.kill(worker)
+        for placement in self._placement_groups:
+            remove_placement_group(placement)
+        self._placement_groups = []
 
     @staticmethod
     def _critic_configs(cfg: Any) -> tuple[Any, Any]:
@@ -231,7 +401,7 @@ class VerlTrainer:
 
     def train_step(self, experiences: list[Experience]) -> dict[str, float]:
         """Train on one batch of experiences; returns metrics with Trinity-RFT names."""
-        from trinity.trainer.metrics import step_summary
+        from trinity.trainer.metrics import logprob_agreement, step_summary
 
         start = time.perf_counter()
         timing: dict[str, float] = {}
@@ -263,6 +433,8 @@ class VerlTrainer:
             out = self._infer_keys(padded, n, actor.compute_log_prob, keys, calculate_entropy=want_entropy)
             if not from_rollout:
                 batch["old_logprob"] = out["log_probs"]
+                # veRL's forward of the weights the rollouts were sampled with, against the engine's.
+                metrics.update(logprob_agreement(batch))
             if want_entropy:
                 batch["old_entropy"] = out["entropy"]
             timing["timing/old_log_prob"] = time.perf_counter() - tick
@@ -367,4 +539,11 @@ class VerlTrainer:
         return state.get("extra", {})
 
 
-__all__ = ["VerlTrainer", "cluster_size", "full_verl_config"]
+__all__ = [
+    "PLACEMENT_TIMEOUT_S",
+    "VerlTrainer",
+    "cluster_size",
+    "full_verl_config",
+    "place_workers",
+    "placement_timeout_s",
+]
