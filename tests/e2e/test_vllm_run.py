@@ -130,3 +130,32 @@ def test_after_the_final_sync_the_engine_holds_the_final_checkpoint(job, probe_s
     [(_, probe)] = scalars["eval/probe/probe_logprob"]
     assert probe == pytest.approx(probe_score(job_dir / "global_step_3"), rel=1e-5, abs=1e-4)
     assert abs(probe - probe_score(root / "model")) > 1e-3  # training moved the weights
+
+
+def test_an_impossible_engine_setting_fails_in_one_line_naming_the_cause(tmp_path, math_job, job_env):
+    """A KV cache larger than the machine: `trinity run` ends with vLLM's own reason on one line
+    (vLLM prints it only in its engine-core process), not with a silent wait."""
+    import sys
+    import time
+
+    root = math_job(tmp_path, train=4, test=2, **MODEL)
+    text = textwrap.dedent(CONFIG.format(root=root, sync="memory")).replace(
+        "seed: 1}", "seed: 1, extra_engine_args: {kv_cache_memory_bytes: 70368744177664}}"
+    )
+    (root / "job.yaml").write_text(text)
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "trinity.cli", "run", "--config", str(root / "job.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=job_env,
+    )
+    # A hang fails this; on 2 idle cores the failure comes in about 30 s (Ray, then vLLM's start).
+    assert time.monotonic() - start < 180
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    failed = [line for line in out.splitlines() if "job failed" in line]
+    assert len(failed) == 1, out[-3000:]
+    assert "vLLM engine failed to start: ValueError: Available memory on node" in failed[0], failed[0]
+    assert "Traceback" not in out
