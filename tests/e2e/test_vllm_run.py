@@ -145,7 +145,16 @@ def test_an_impossible_engine_setting_fails_in_one_line_naming_the_cause(tmp_pat
     (root / "job.yaml").write_text(text)
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "trinity.cli", "run", "--config", str(root / "job.yaml")],
+        [
+            sys.executable,
+            "-m",
+            "trinity.cli",
+            "run",
+            "--config",
+            str(root / "job.yaml"),
+            "--plugin-dir",
+            str(PLUGINS),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
