@@ -148,6 +148,7 @@ def vllm(session: nox.Session) -> None:
         "trinity-core/tests/explorer/test_vllm_mapping.py",
         "trinity-core/tests/explorer/test_vllm_engine_real.py",
         "tests/e2e/test_vllm_run.py",
+        "tests/e2e/test_serve_and_train.py::test_serve_and_train[vllm]",
         env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
     )
 

@@ -1,10 +1,12 @@
 """End to end: `mode: serve` answers an application's two-turn chats and records its feedback in
 an SQL buffer; a `mode: train` job (same config, another process) trains on it step-wise
 (multi-step GRPO: a conversation is one trajectory); the serve job picks up each new checkpoint,
-and every rewarded call is trained exactly once."""
+and every rewarded call is trained exactly once. Run with the transformers engine in the main
+suite and with the real vLLM engine (its CPU build) in ``nox -s vllm``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import signal
@@ -46,7 +48,7 @@ buffer:
 explorer:
   proxy_port: 0
   service_status_check_interval: 1
-  rollout_model: {{engine_type: transformers, dtype: float32, seed: 1}}
+  rollout_model: {{engine_type: {engine}, dtype: float32, seed: 1}}
 trainer: {{trainer_type: native, save_interval: 1, total_steps: 2, dtype: float32}}
 monitor: {{monitor_type: tensorboard}}
 """
@@ -119,10 +121,24 @@ def _wait_version(base: str, version: int, job: _Job, timeout: float = 120) -> N
         time.sleep(0.5)
 
 
-def test_serve_and_train(tmp_path, math_job, job_env):
-    math_job(tmp_path, train=2, test=1)  # the tiny model (its taskset is not used)
+_NO_VLLM = importlib.util.find_spec("vllm") is None
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "transformers",
+        pytest.param(
+            "vllm",
+            marks=pytest.mark.skipif(_NO_VLLM, reason="vLLM is installed only in the `nox -s vllm` session"),
+        ),
+    ],
+)
+def test_serve_and_train(tmp_path, math_job, job_env, engine):
+    # The tiny model (its taskset is not used); vLLM's CPU attention needs 32-wide heads.
+    math_job(tmp_path, train=2, test=1, **({"hidden_size": 128, "num_heads": 4} if engine == "vllm" else {}))
     config = tmp_path / "online.yaml"
-    config.write_text(textwrap.dedent(CONFIG.format(root=tmp_path)))
+    config.write_text(textwrap.dedent(CONFIG.format(root=tmp_path, engine=engine)))
     serve_config = tmp_path / "serve.yaml"
     serve_config.write_text(config.read_text() + "mode: serve\n")
     train_config = tmp_path / "train.yaml"
