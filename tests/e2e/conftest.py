@@ -66,3 +66,46 @@ def probe_score() -> Callable[[Path], float]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.score
+
+
+@pytest.fixture(scope="session")
+def check_on_policy_rollouts() -> Callable[..., None]:
+    """``check(db, job_dir, run)``: in the SQL buffer at ``db`` (table ``exp``, ids
+    ``<run>:<batch>/...``), explore step ``b`` of a strictly on-policy 3-step job ran on the
+    weights of train step ``b - 1``, and the log-probs the explorer recorded with versions 1 and 2
+    are those of a transformers forward of the trainer's ``global_step_<version>`` checkpoint (so
+    every weight of that version reached the engine)."""
+
+    def check(db: Path, job_dir: Path, run: str) -> None:
+        import sqlite3
+
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from trinity.experience import Experience
+
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute(
+                "select e.uid, e.model_version, b.blob from exp e join exp_blobs b on b.id = e.id"
+            ).fetchall()
+        by_batch: dict[int, set[int]] = {}
+        for uid, version, _ in rows:
+            owner, eid = uid.split(":", 1)  # stored ids are <run>:<eid.uid>
+            assert owner == run
+            by_batch.setdefault(int(eid.split("/")[0]), set()).add(version)
+        assert by_batch == {1: {0}, 2: {1}, 3: {2}}, by_batch
+        for version in (1, 2):
+            model = AutoModelForCausalLM.from_pretrained(
+                job_dir / f"global_step_{version}", dtype=torch.float32
+            )
+            experiences = [Experience.deserialize(blob) for _, v, blob in rows if v == version]
+            assert experiences
+            for exp in experiences:
+                with torch.no_grad():
+                    logits = model(input_ids=exp.tokens[None]).logits[0, :-1].float()
+                expected = torch.log_softmax(logits, -1).gather(-1, exp.tokens[1:, None]).squeeze(-1)
+                torch.testing.assert_close(
+                    exp.logprobs, expected[exp.prompt_length - 1 :], rtol=1e-4, atol=1e-4
+                )
+
+    return check

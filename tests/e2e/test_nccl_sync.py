@@ -11,7 +11,6 @@ scores a fixed token sequence and reports the weights' version).
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import textwrap
 from pathlib import Path
@@ -90,35 +89,11 @@ def test_the_backend_is_chosen_and_logged_once(job):
         assert f"sent weights version {version} over gloo" in logs
 
 
-def test_explorer_versions_advance_and_match_the_trainers_checkpoints(job):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from trinity.experience import Experience
-
+def test_explorer_versions_advance_and_match_the_trainers_checkpoints(job, check_on_policy_rollouts):
     root, _ = job
-    job_dir = root / "ckpt" / "e2e" / "nccl"
-    with sqlite3.connect(root / "buffer.db") as db:
-        rows = db.execute(
-            "select e.uid, e.model_version, b.blob from exp e join exp_blobs b on b.id = e.id"
-        ).fetchall()
-    by_batch: dict[int, set[int]] = {}
-    for uid, version, _ in rows:
-        run, eid = uid.split(":", 1)  # stored ids are <run>:<eid.uid>
-        assert run == "e2e/nccl"
-        by_batch.setdefault(int(eid.split("/")[0]), set()).add(version)
-    # Strictly on-policy (sync_interval 1, offset 0): step b explores with the weights of step b-1.
-    assert by_batch == {1: {0}, 2: {1}, 3: {2}}, by_batch
-    # The logprobs the explorer recorded are those of the trainer's checkpoint of that version.
-    for version in (1, 2):
-        model = AutoModelForCausalLM.from_pretrained(job_dir / f"global_step_{version}", dtype=torch.float32)
-        experiences = [Experience.deserialize(blob) for _, v, blob in rows if v == version]
-        assert experiences
-        for exp in experiences:
-            with torch.no_grad():
-                logits = model(input_ids=exp.tokens[None]).logits[0, :-1].float()
-            expected = torch.log_softmax(logits, -1).gather(-1, exp.tokens[1:, None]).squeeze(-1)
-            torch.testing.assert_close(exp.logprobs, expected[exp.prompt_length - 1 :], rtol=1e-4, atol=1e-4)
+    # Strictly on-policy (sync_interval 1, offset 0): step b explores with the weights of step
+    # b-1, and the logprobs it recorded are those of the trainer's checkpoint of that version.
+    check_on_policy_rollouts(root / "buffer.db", root / "ckpt" / "e2e" / "nccl", "e2e/nccl")
 
 
 def test_after_the_final_sync_the_explorer_holds_the_final_checkpoint(job, probe_score):

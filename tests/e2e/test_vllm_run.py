@@ -10,7 +10,6 @@ scores like the final checkpoint. Skipped where vLLM is not installed (the main 
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import textwrap
 from pathlib import Path
@@ -79,32 +78,9 @@ def job(request, tmp_path_factory, math_job, trinity_run) -> tuple[str, Path, su
     return sync, root, trinity_run(root / "job.yaml", "--plugin-dir", str(PLUGINS))
 
 
-def test_rollouts_carry_the_logprobs_of_the_synced_weights(job):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from trinity.experience import Experience
-
+def test_rollouts_carry_the_logprobs_of_the_synced_weights(job, check_on_policy_rollouts):
     sync, root, _ = job
-    job_dir = root / "ckpt" / "e2e" / f"vllm_{sync}"
-    with sqlite3.connect(root / "buffer.db") as db:
-        rows = db.execute(
-            "select e.uid, e.model_version, b.blob from exp e join exp_blobs b on b.id = e.id"
-        ).fetchall()
-    by_batch: dict[int, set[int]] = {}
-    for uid, version, _ in rows:
-        by_batch.setdefault(int(uid.split(":", 1)[1].split("/")[0]), set()).add(version)
-    # Strictly on-policy: explore step b runs on the weights of train step b - 1.
-    assert by_batch == {1: {0}, 2: {1}, 3: {2}}, by_batch
-    for version in (1, 2):
-        model = AutoModelForCausalLM.from_pretrained(job_dir / f"global_step_{version}", dtype=torch.float32)
-        experiences = [Experience.deserialize(blob) for _, v, blob in rows if v == version]
-        assert experiences
-        for exp in experiences:
-            with torch.no_grad():
-                logits = model(input_ids=exp.tokens[None]).logits[0, :-1].float()
-            expected = torch.log_softmax(logits, -1).gather(-1, exp.tokens[1:, None]).squeeze(-1)
-            torch.testing.assert_close(exp.logprobs, expected[exp.prompt_length - 1 :], rtol=1e-4, atol=1e-4)
+    check_on_policy_rollouts(root / "buffer.db", root / "ckpt" / "e2e" / f"vllm_{sync}", f"e2e/vllm_{sync}")
 
 
 def test_the_trainer_measures_the_engine_agreement_every_step(job):
