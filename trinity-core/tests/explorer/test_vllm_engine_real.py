@@ -215,3 +215,57 @@ def test_an_impossible_setting_fails_fast_in_one_line(models, ray_cpu):
     assert message.startswith("vLLM engine failed to start: ValueError: Available memory on node")
     # A hang (the old placement wait had no timeout) fails this; a start takes ~25 s on 2 idle cores.
     assert time.monotonic() - start < 180
+
+
+def test_replies_from_a_vllm_engine_are_parsed_by_vllms_own_parsers(ray_engine):
+    """With the vllm engine the OpenAI API uses vLLM's parser of the configured name. vLLM's
+    ``qwen3`` reads a reply without ``</think>`` as all reasoning (this project's: all content),
+    which tells the two apart on whatever the tiny model says."""
+    from trinity.explorer.model_wrapper import ModelWrapper
+
+    model = ModelWrapper(ray_engine, enable_history=True, name="tiny", reasoning_parser="qwen3")
+    try:
+        client = model.get_openai_client()
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, seed=1
+        )
+        [exp] = model.extract_experience_from_history()
+        message = reply.choices[0].message.model_dump()
+        assert "</think>" not in exp.response_text
+        assert message["reasoning_content"] == exp.response_text and message["content"] == ""
+        # A stream ends with the same message, never parts of it under both fields.
+        stream = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=6, seed=1, stream=True
+        )
+        fields = {"content": "", "reasoning_content": ""}
+        for chunk in stream:
+            for choice in chunk.choices:
+                delta = choice.delta.model_dump()
+                for name in fields:
+                    fields[name] += delta.get(name) or ""
+        assert fields == {"content": "", "reasoning_content": exp.response_text}
+    finally:
+        model.close()
+
+
+def test_vllms_tool_call_parser_or_ours_where_it_refuses_the_tokenizer(caplog):
+    from trinity.explorer.openai_api import vllm_parsers
+    from trinity.explorer.openai_api.tool_parsers import parse_hermes
+    from trinity.testing.tiny_model import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    hermes = vllm_parsers.tool_call_parser("hermes", tokenizer, tools)
+    text = 'Sure.<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call><tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>'
+    ours, theirs = parse_hermes(text), hermes(text)
+    assert [(c.name, c.arguments) for c in theirs.tool_calls] == [
+        (c.name, c.arguments) for c in ours.tool_calls
+    ]
+    assert theirs.content == ours.content == "Sure."
+    assert hermes("no call").tool_calls == [] and hermes("no call").content == "no call"
+    # vLLM's llama3_json looks up <|python_tag|> in the tokenizer; the tiny one has none.
+    with caplog.at_level("WARNING", logger="trinity.explorer.openai_api.vllm_parsers"):
+        assert vllm_parsers.tool_call_parser("llama3_json", tokenizer, tools) is None
+        assert vllm_parsers.tool_call_parser("llama3_json", tokenizer, tools) is None
+    assert caplog.text.count("refuses this model's tokenizer") == 1
+    assert vllm_parsers.tool_call_parser("no_such_parser", tokenizer, tools) is None

@@ -78,6 +78,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trinity.explorer.engines.base import StreamEnd, StreamItem
+from trinity.explorer.openai_api import vllm_parsers
 from trinity.explorer.openai_api.reasoning import get_reasoning_parser, get_reasoning_stream_prefix
 from trinity.explorer.openai_api.schema import (
     APIError,
@@ -367,7 +368,29 @@ def _tool_plan(
     if not model.tool_call_parser:
         raise bad_request(f"tool calls need a tool_call_parser (e.g. hermes) {where}", param="tool_choice")
     tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    if _served_by_vllm(model):
+        parser = vllm_parsers.tool_call_parser(model.tool_call_parser, model.engine.tokenizer, tools)
+        if parser is not None:
+            return tools, parser
     return tools, get_tool_call_parser(model.tool_call_parser)
+
+
+def _served_by_vllm(model: ModelWrapper) -> bool:
+    """Whether the model runs on the ``vllm`` engine: its replies are then parsed by vLLM's own
+    parsers (:mod:`~trinity.explorer.openai_api.vllm_parsers`)."""
+    from trinity.explorer.engines.vllm_engine import VLLMEngine  # imports no vLLM
+
+    return isinstance(model.engine, VLLMEngine)
+
+
+def _reasoning_parser(model: ModelWrapper) -> Callable[[str], tuple[str | None, str]] | None:
+    if not model.reasoning_parser:
+        return None
+    if _served_by_vllm(model):
+        parser = vllm_parsers.reasoning_parser(model.reasoning_parser, model.engine.tokenizer)
+        if parser is not None:
+            return parser
+    return get_reasoning_parser(model.reasoning_parser)
 
 
 def _check_args(model: ModelWrapper, args: dict[str, Any]) -> None:
@@ -382,7 +405,7 @@ _Record = Callable[["list[Experience]", str], None]  # (experiences, response id
 
 async def _chat(model: ModelWrapper, body: ChatCompletionRequest, record: _Record) -> Response:
     tools, tool_parser = _tool_plan(model, body)
-    reasoning_parser = get_reasoning_parser(model.reasoning_parser) if model.reasoning_parser else None
+    reasoning_parser = _reasoning_parser(model)
     messages = template_messages(body.messages)
     args = body.rollout_args()
     _check_args(model, args)
@@ -607,6 +630,12 @@ async def _chat_stream(
             "created": int(time.time()), "model": model.name}  # fmt: skip
     reasoning_prefix = get_reasoning_stream_prefix(model.reasoning_parser) if reasoning_parser else None
     tool_prefix = get_tool_call_stream_prefix(model.tool_call_parser) if tool_parser else None  # type: ignore[arg-type]
+    if _served_by_vllm(model):
+        # vLLM's parsers make the final message, and this package's prefix rules could split the
+        # reply otherwise (vLLM's qwen3: no </think> = all reasoning). The vllm engine gives each
+        # sample whole at its end anyway, so nothing is held back by sending it all at the end.
+        reasoning_prefix = (lambda text: ("", "")) if reasoning_parser else None
+        tool_prefix = (lambda text: "") if tool_parser else None
     stop = model.engine.sampling_args(**body.rollout_args()).stop
 
     def chunk(index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict:
