@@ -107,7 +107,8 @@ def create_tiny_model(
     """Save a seeded, randomly initialised causal LM and its tokenizer at ``path``.
 
     The same arguments always give the same weights. ``architecture`` is ``"qwen2"`` or
-    ``"llama"``. Generation stops on ``<|im_end|>`` or ``<|endoftext|>`` (both are in the
+    ``"llama"``. For vLLM (its CPU backend needs attention heads of at least 32 dimensions) use
+    ``hidden_size=128, num_heads=4``. Generation stops on ``<|im_end|>`` or ``<|endoftext|>`` (both are in the
     saved ``generation_config.eos_token_id``). Returns ``path`` as a :class:`Path`.
     """
     import torch
