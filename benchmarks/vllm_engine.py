@@ -20,6 +20,7 @@ import importlib.util
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import torch
 
@@ -54,23 +55,21 @@ def main() -> None:
     path = str(
         create_tiny_model(folder, hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads)
     )
-    params = sum(t.numel() for t in _state(path).values())
+    state = _state(path)
+    params = sum(t.numel() for t in state.values())
     prompts = [[5 + (p * 7 + i) % 90 for i in range(PROMPT_TOKENS)] for p in range(PROMPTS)]
 
     hf = TransformersEngine(path, dtype="float32", seed=0)
     config = InferenceModelConfig(model_path=path, dtype="float32", max_model_len=256, seed=0)
     loop = asyncio.new_event_loop()
     vllm_actor = VLLMEngineActor(engine_kwargs(config, on_cpu=is_cpu_build()))
-    state = _state(path)
 
     def run_hf(seed: int) -> int:
-        groups = hf.generate_tokens(prompts, _args(seed))
-        return sum(len(e.tokens) - e.prompt_length for g in groups for e in g)
+        return _new_tokens(hf.generate_tokens(prompts, _args(seed)))
 
     def run_vllm(seed: int) -> int:
         call = vllm_actor.generate(prompts, sampling_params_kwargs(_args(seed)), [""] * PROMPTS, 0)
-        groups = loop.run_until_complete(call)
-        return sum(len(e.tokens) - e.prompt_length for g in groups for e in g)
+        return _new_tokens(loop.run_until_complete(call))
 
     def sync_hf() -> None:
         hf.update_weights(state, version=1)
@@ -119,6 +118,10 @@ def main() -> None:
 
 def _args(seed: int) -> SamplingArgs:
     return SamplingArgs(n=SAMPLES, temperature=1.0, max_tokens=MAX_TOKENS, seed=1000 + seed)
+
+
+def _new_tokens(groups: list[list[Any]]) -> int:
+    return sum(len(e.tokens) - e.prompt_length for group in groups for e in group)
 
 
 def _state(path: str) -> dict[str, torch.Tensor]:

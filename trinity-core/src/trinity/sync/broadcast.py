@@ -33,6 +33,7 @@ from trinity.sync.group import (
     WeightSyncGroup,
     use_device,
 )
+from trinity.sync.memory import same_memory_key
 
 if TYPE_CHECKING:
     import torch
@@ -116,14 +117,7 @@ def flatten_state_dict(state_dict: Mapping[str, torch.Tensor]) -> tuple[list[Ten
     aliases: dict[int, list[str]] = {}
     for name, tensor in state_dict.items():
         tensor = tensor.detach()
-        key = (
-            tensor.device,
-            tensor.untyped_storage().data_ptr(),
-            tensor.storage_offset(),
-            tuple(tensor.shape),
-            tuple(tensor.stride()),
-            tensor.dtype,
-        )
+        key = same_memory_key(tensor)
         if key in first and tensor.numel() > 0:
             aliases[first[key]].append(name)
             continue

@@ -40,6 +40,19 @@ _NUMPY_DTYPES = frozenset(
 _SAME_SIZE_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
+def same_memory_key(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """Equal for two tensors exactly when they are the same view of the same memory (tied
+    weights under two names): device, storage, offset, shape, strides and dtype."""
+    return (
+        tensor.device,
+        tensor.untyped_storage().data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
+
+
 def pack_weights(source: Any) -> dict[str, torch.Tensor]:
     """Detached, contiguous CPU copies of ``source``'s weights (a module or a state dict).
 
@@ -50,9 +63,9 @@ def pack_weights(source: Any) -> dict[str, torch.Tensor]:
     if not isinstance(state, Mapping):
         raise TypeError(f"pack_weights needs a torch module or a state dict, got {type(source).__name__}")
     packed: dict[str, torch.Tensor] = {}
-    seen: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}
+    seen: dict[tuple[Any, ...], torch.Tensor] = {}
     for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        key = same_memory_key(tensor)
         if key not in seen:
             seen[key] = tensor.detach().to("cpu", copy=True).contiguous()
         packed[name] = seen[key]
@@ -96,4 +109,4 @@ def from_wire(wire: Mapping[str, tuple[Any, str]]) -> dict[str, torch.Tensor]:
     return out
 
 
-__all__ = ["from_wire", "pack_weights", "to_wire"]
+__all__ = ["from_wire", "pack_weights", "same_memory_key", "to_wire"]

@@ -206,7 +206,6 @@ class WeightUpdateExtension:
     def trinity_load_checkpoint(self, path: str) -> None:
         """Reload from a Hugging Face checkpoint folder's ``*.safetensors`` files."""
         import glob
-        import os
 
         files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
         if not files:
@@ -360,7 +359,6 @@ class _OutputTail:
 
 def _shared_memory_dir() -> str:
     """A fresh folder in ``/dev/shm`` (RAM-backed where it exists), else in the temp dir."""
-    import os
     import tempfile
 
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -369,14 +367,14 @@ def _shared_memory_dir() -> str:
 
 def _save_safetensors(named_tensors: Iterable[tuple[str, Any]], folder: str) -> str:
     """Write ``named_tensors`` (tied names once: safetensors refuses shared storage) to a file."""
-    import os
-
     from safetensors.torch import save_file
 
+    from trinity.sync.memory import same_memory_key
+
     tensors: dict[str, Any] = {}
-    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    seen: set[tuple[Any, ...]] = set()
     for name, tensor in named_tensors:
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        key = same_memory_key(tensor)
         if key in seen:
             continue  # a tied alias (lm_head of a tied embedding): vLLM's loader skips it anyway
         seen.add(key)
@@ -639,18 +637,12 @@ def start_failure_line(exc: BaseException) -> str:
     return f"{_START_FAILED}{lines[-1] if lines else type(exc).__name__}"
 
 
-def _cluster_gpus() -> float:
-    import ray
-
-    return float(ray.cluster_resources().get("GPU", 0))
-
-
 def create_vllm_engines(config: InferenceModelConfig, default_args: SamplingArgs) -> list[VLLMEngine]:
     """``engine_num`` vLLM engines, each a Ray actor, started and ready.
 
     With GPUs in the cluster each engine gets a placement group of ``tensor_parallel_size``
-    GPU bundles; with vLLM's CPU build and no GPUs each engine actor asks for one CPU and
-    vLLM runs its workers as processes of its own. Raises ``RuntimeError`` (one line naming
+    GPU bundles; with vLLM's CPU build and no GPUs each engine actor asks Ray for no CPU
+    (:data:`_CPU_ACTOR_OPTIONS`) and vLLM runs its workers as processes of its own. Raises ``RuntimeError`` (one line naming
     the cause) when the resources are missing or an engine fails to start.
     """
     import ray
@@ -658,7 +650,7 @@ def create_vllm_engines(config: InferenceModelConfig, default_args: SamplingArgs
 
     tokenizer = AutoTokenizer.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
     tp = config.tensor_parallel_size
-    gpus = _cluster_gpus()
+    gpus = float(ray.cluster_resources().get("GPU", 0))
     on_cpu = gpus == 0
     if on_cpu and not is_cpu_build():
         raise RuntimeError(
@@ -674,7 +666,7 @@ def create_vllm_engines(config: InferenceModelConfig, default_args: SamplingArgs
     actor_cls = ray.remote(VLLMEngineActor)
     actors = []
     for _ in range(config.engine_num):
-        options = _cpu_actor_options(config) if on_cpu else _gpu_actor_options(config, tp)
+        options = _CPU_ACTOR_OPTIONS if on_cpu else _gpu_actor_options(tp)
         actors.append(actor_cls.options(**options).remote(kwargs))
     _wait_started(actors, config)
     engines = []
@@ -693,15 +685,14 @@ def create_vllm_engines(config: InferenceModelConfig, default_args: SamplingArgs
     return engines
 
 
-def _cpu_actor_options(config: InferenceModelConfig) -> dict[str, Any]:
-    # No logical CPU: the engine computes in vLLM's own worker processes, whose threads vLLM
-    # binds to the node's cores itself (VLLM_CPU_OMP_THREADS_BIND), so a Ray reservation would
-    # bound nothing; and the explorer and trainer actors already hold every CPU of a small
-    # machine (one each), so asking for one would leave the engine unplaceable.
-    return {"num_cpus": 0}
+#: No logical CPU for an engine on vLLM's CPU backend: it computes in vLLM's own worker processes,
+#: whose threads vLLM binds to the node's cores itself (VLLM_CPU_OMP_THREADS_BIND), so a Ray
+#: reservation would bound nothing; and the explorer and trainer actors already hold every CPU
+#: of a small machine (one each), so asking for one would leave the engine unplaceable.
+_CPU_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 0}
 
 
-def _gpu_actor_options(config: InferenceModelConfig, tp: int) -> dict[str, Any]:
+def _gpu_actor_options(tp: int) -> dict[str, Any]:
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -138,6 +138,11 @@ def cpu_trainer_split(config: Config) -> tuple[int, int]:
     return out[0], out[1]
 
 
+def cpu_settings_summary(merged: dict[str, Any]) -> str:
+    """``path=value`` of each :data:`CPU_SETTINGS` key in the merged config (for the trainer's log)."""
+    return ", ".join(f"{path}={_get(merged, path)}" for path in CPU_SETTINGS)
+
+
 def check_cpu_config(merged: dict[str, Any]) -> None:
     """Refuse, in one line naming the key, a veRL setting that cannot run on CPU."""
     device = _get(merged, "trainer.device")
@@ -450,6 +455,7 @@ __all__ = [
     "CPU_SETTINGS",
     "build_verl_config",
     "check_cpu_config",
+    "cpu_settings_summary",
     "cpu_trainer_split",
     "explorer_gpu_count",
     "total_training_steps",

@@ -170,20 +170,14 @@ def place_workers(nnodes: int, per_node: int, use_gpu: bool, name: str, timeout_
 
 def _log_cpu_settings(merged: dict[str, Any]) -> None:
     """Say once, in the trainer's log, that veRL runs on CPU and with which CPU-specific values."""
-    from trinity.trainer.verl.config import CPU_SETTINGS
+    from trinity.trainer.verl.config import cpu_settings_summary
 
-    values = []
-    for path, _ in CPU_SETTINGS.items():
-        node: Any = merged
-        for part in path.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        values.append(f"{path}={node}")
     t = merged["trainer"]
     logger.info(
         "veRL trainer on CPU (Ray reports no GPU): %d node(s) x %d gloo rank(s); %s (see trinity-core/README.md)",
         t["nnodes"],
         t["n_gpus_per_node"],
-        ", ".join(values),
+        cpu_settings_summary(merged),
     )
 
 
