@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -111,6 +112,28 @@ def summary(config_path: Path, seconds: float) -> dict[str, float]:
     return {"before": before, "after": after, "seconds": seconds}
 
 
+def run_to_the_end(command: list[str], env: dict[str, str]) -> int:
+    """Run ``command`` and return its exit code once it has ended, Ctrl-C included.
+
+    Ctrl-C in a terminal sends SIGINT to the whole foreground process group, so ``trinity run``
+    gets it too and stops its actors and Ray itself: this process ignores it and waits for that
+    (``subprocess.call`` would raise KeyboardInterrupt here and SIGKILL the child mid-shutdown,
+    leaving Ray's agents behind). A SIGTERM sent to this process is passed on to the child.
+    """
+    child: list[subprocess.Popen] = []
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, lambda *_: None),  # the child has it too
+        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda sig, _: [c.send_signal(sig) for c in child]),
+    }
+    try:
+        child.append(subprocess.Popen(command, env=env))  # its own handlers: a handler is not inherited
+        code = child[0].wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -137,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     command = [sys.executable, "-m", "trinity.cli", "run", "--config", str(config)]
     print(f"[quickstart] QUICKSTART_DIR={work} trinity run --config {config}", flush=True)
-    code = subprocess.call(command, env=env)
+    code = run_to_the_end(command, env)
     if code != 0:
+        what = "was stopped" if code in (130, 143) else "failed"
         print(
-            f"[quickstart] trinity run failed (exit {code}); logs under {work / 'checkpoints'}",
+            f"[quickstart] trinity run {what} (exit {code}); logs under {work / 'checkpoints'}",
             file=sys.stderr,
         )
         return code
