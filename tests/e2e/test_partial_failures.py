@@ -103,13 +103,15 @@ def root(tmp_path_factory, math_job) -> Path:
     return root
 
 
-def _run(root: Path, job_env, *, name: str, workflow: str, steps: int, db: str = "buffer"):
+def _run(
+    root: Path, job_env, *, name: str, workflow: str, steps: int, db: str = "buffer", timeout: float = 600
+):
     config = root / f"{name}.yaml"
     text = CONFIG.format(root=root, name=name, workflow=workflow, steps=steps, db=db)
     config.write_text(textwrap.dedent(text))
     command = [sys.executable, "-m", "trinity.cli", "run", "--config", str(config)]
     command += ["--plugin-dir", str(root / "plugins")]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=job_env)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=job_env)
 
 
 def _scalars(job_dir: Path, role: str) -> dict[str, list[tuple[int, float]]]:
@@ -184,6 +186,24 @@ def test_a_fresh_run_on_a_used_sql_buffer_writes_beside_the_old_rows(root, chaos
     second = [uid for uid in _uids(root / "buffer.db") if uid not in first]
     assert len(second) == len(first) == 6
     assert all(uid.startswith("e2e/chaos_") for uid in second)
+
+
+def test_a_buffer_a_killed_job_left_ends_a_step_without_experience_as_a_fresh_one(root, job_env):
+    # A job stopped by Ctrl-C, a failure or SIGKILL never finishes its SQL writer (its explorer
+    # actor is killed). A later run on that buffer whose step has no experience (every task
+    # failed) waited for that writer's steps until max_read_timeout (1000 s here). On a fresh
+    # buffer the same job ends in seconds: "finished short", exit 1.
+    url = f"sqlite:///{root}/left_open.db"
+    left_open = "from trinity.buffer.sql import SQLStorage, SQLWriter\n"
+    left_open += f"SQLWriter(SQLStorage({url!r}, 'exp'), run='e2e/killed').end_step(0)\n"
+    subprocess.run([sys.executable, "-c", left_open], check=True, timeout=120, env=job_env)
+    proc = _run(
+        root, job_env, name="after_killed", workflow="always_fails", steps=1, db="left_open", timeout=180
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert "finished short: the trainer stopped after 0 of 1 steps (no more experiences)" in out, out[-4000:]
+    assert "[trinity] waiting" not in out and "Traceback" not in out, out[-4000:]
 
 
 def test_unread_rows_of_another_run_are_refused_at_start(root, job_env):

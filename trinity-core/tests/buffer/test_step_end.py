@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trinity.buffer.base import STEP_ENDED, TIMED_OUT
+from trinity.buffer.base import STEP_ENDED, TIMED_OUT, BufferExhausted
 from trinity.buffer.factory import check_buffer_is_free, get_buffer_reader, release_reads_after, run_name
 from trinity.buffer.sql import SQLReader, SQLStorage, SQLWriter
 from trinity.buffer.sql_io import run_uids
@@ -680,6 +680,35 @@ def test_sql_read_keeps_waiting_for_a_restarted_explorer_that_takes_over(tmp_pat
     t.join()
     assert [e.eid.uid for e in got] == ["2/0/0/0", "2/1/1/0", "2/2/2/0"] and reader.short_reason == STEP_ENDED
     assert reader.writers_gone is None and seconds >= 3.0
+
+
+def test_sql_the_killed_writer_of_an_earlier_run_does_not_hold_a_new_run_back(tmp_path, make_experience):
+    # A job that failed (or was killed) after its explore step 1 never finished its writer. A
+    # later run on the same buffer whose step 2 has no experience (every task failed) must end
+    # that step as on a fresh buffer, not wait max_read_timeout for the dead writer's step 2.
+    url = _url(tmp_path)
+    storage = SQLStorage(url, "exp")
+    failed = SQLWriter(storage, run="proj/failed")
+    failed.end_step(1)
+    _kill_writer_process(storage, failed._register())
+    alive = SQLWriter(storage, run="proj/other")  # another run's writer whose process runs
+    alive.end_step(5)
+    new = SQLWriter(SQLStorage(url, "exp"), run="proj/new")
+    new.end_step(0)  # the explorer actor registers its writer at start
+    new.write([make_experience(i, writer="new") for i in range(4)])
+    new.end_step(1)
+    new.end_step(2)  # every task of step 2 failed: nothing written
+    reader = SQLReader(SQLStorage(url, "exp"), max_read_timeout=LONG)
+    reader.expect_step(1)
+    assert len(reader.read(4)) == 4
+    reader.expect_step(2)
+    got, seconds = _timed_read(reader, 4)
+    assert got == [] and reader.short_reason == STEP_ENDED and seconds < QUICK
+    assert storage.counts()["open_writers"] == 2  # the new run's and the live one: only the dead one closed
+    alive.finish()
+    new.finish()
+    with pytest.raises(BufferExhausted):  # as on a fresh buffer once the explorer finished
+        reader.read(4)
 
 
 def test_sql_writers_on_other_hosts_are_never_taken_for_gone(tmp_path):

@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from trinity.buffer.base import gone_processes
+from trinity.buffer.base import gone_processes, pid_alive
 from trinity.buffer.sql_io import SQLReader, SQLWriter
 from trinity.buffer.sql_schema import (
     ADDED_EXPERIENCE_COLUMNS,
@@ -186,10 +186,15 @@ class SQLStorage:
 
         A run has one writer at a time: the open writers an earlier process of ``run`` left
         (an explorer killed before it could finish) are marked finished, or readers would
-        wait on their steps forever.
+        wait on their steps forever. So are the open writers of any run whose process on this
+        host is gone: a job that failed or was killed never finished its writer, and a later
+        run on the same buffer would wait for that writer's steps until ``max_read_timeout``.
         """
+        import sqlalchemy as sa
+
         writer_id = uuid.uuid4().hex
         now = time.time()
+        host = socket.gethostname()
         w = self.writers
 
         def register() -> None:
@@ -198,6 +203,12 @@ class SQLStorage:
                     conn.execute(
                         w.update().where(w.c.run == run, w.c.finished_at.is_(None)).values(finished_at=now)
                     )
+                open_here = conn.execute(
+                    sa.select(w.c.writer_id, w.c.pid).where(w.c.finished_at.is_(None), w.c.host == host)
+                ).all()
+                gone = [wid for wid, pid in open_here if pid and not pid_alive(pid)]
+                if gone:
+                    conn.execute(w.update().where(w.c.writer_id.in_(gone)).values(finished_at=now))
                 conn.execute(
                     w.insert(),
                     {
