@@ -144,9 +144,12 @@ def test_dead_actor_fails_the_job_cleanly(root, job_env):
     assert status["status"] == "failed" and "an actor died" in status["reason"]
 
 
-def test_ctrl_c_stops_the_job_cleanly(root, job_env):
-    proc = _start(root, "interrupted", "math_workflow", steps=1000, env=job_env)
-    # Wait until training is under way, then press Ctrl-C.
+@pytest.mark.parametrize(
+    ("sig", "code", "name"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_ctrl_c_or_sigterm_stops_the_job_cleanly(root, job_env, sig, code, name):
+    proc = _start(root, name, "math_workflow", steps=1000, env=job_env)
+    # Wait until training is under way, then press Ctrl-C (or stop it as a scheduler would).
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -156,12 +159,13 @@ def test_ctrl_c_stops_the_job_cleanly(root, job_env):
         pytest.fail("the job ended before its first step: " + "".join(lines)[-3000:])
     # The job's own Ray servers are found while it runs (so the check below can fail).
     assert _ray_pids(proc.pid), "could not find the job's Ray processes"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 130, "".join(lines)[-2000:] + out[-2000:]
+    assert proc.returncode == code, "".join(lines)[-2000:] + out[-2000:]
     assert "interrupted" in out
     assert not _wait_gone(proc.pid), "Ray processes were left running"
-    assert read_run_status(root / "ckpt" / "e2e" / "interrupted")["status"] == "interrupted"
+    status = read_run_status(root / "ckpt" / "e2e" / name)
+    assert status["status"] == "interrupted" and status["reason"] == f"stopped by {sig.name}", status
 
 
 def test_ctrl_c_gives_back_the_rows_of_the_unfinished_train_step(root, job_env, tmp_path):

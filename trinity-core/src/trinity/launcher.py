@@ -65,7 +65,7 @@ def run(config: Config) -> int:
             result = run_stage(stage)
         except KeyboardInterrupt:
             print("[trinity] interrupted; actors stopped.", file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return 128 + _stop_signal  # EXIT_INTERRUPTED (130) for Ctrl-C, 143 for SIGTERM
         except JobFailed as exc:
             print(f"[trinity] job failed: {exc}", file=sys.stderr)
             return EXIT_FAILED
@@ -118,7 +118,7 @@ def run_stage(config: Config) -> StageResult:
     try:
         result = _run_stage(config)
     except KeyboardInterrupt:
-        write_run_status(job_dir, "interrupted", "stopped by SIGINT")
+        write_run_status(job_dir, "interrupted", f"stopped by {_stop_signal.name}")
         raise
     except BaseException as exc:
         write_run_status(job_dir, "failed", str(exc).split("\n")[0] or type(exc).__name__)
@@ -166,6 +166,7 @@ def _run_stage(config: Config) -> StageResult:
     loop: _StepLoop | None = None
     interrupted = False
     _INTERRUPTED.clear()
+    _stopped_by(signal.SIGINT)
     previous_handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     queue_job = None
     try:
@@ -269,7 +270,18 @@ def _release_unfinished_reads(config: Config, position: dict[str, Any]) -> None:
 _INTERRUPTED = threading.Event()
 
 
-def _interrupt(*_: Any) -> None:
+# The signal that stopped the stage: recorded in run_status.json and the exit code (128 + it).
+# SIGINT also stands for a KeyboardInterrupt raised before the handlers were installed.
+_stop_signal = signal.SIGINT
+
+
+def _stopped_by(signum: int) -> None:
+    global _stop_signal
+    _stop_signal = signal.Signals(signum)
+
+
+def _interrupt(signum: int = signal.SIGINT, *_: Any) -> None:
+    _stopped_by(signum)
     _INTERRUPTED.set()
     raise KeyboardInterrupt
 
