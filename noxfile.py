@@ -8,11 +8,23 @@ themselves only ask for ``torch>=2.4``.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import nox
 
+# pip venvs: sessions and tests run ``python -m pip`` inside them (uv's venvs have no pip).
 nox.options.default_venv_backend = "venv"
+
+
+def _drop_uv_probe(record: logging.LogRecord) -> bool:
+    """nox probes for uv before creating any venv, whatever the backend, and logs
+    "uv binary not found." where there is none: noise for a venv backend, so it is dropped."""
+    return record.getMessage() not in {"uv binary not found.", "Failed to establish uv's version."}
+
+
+logging.getLogger("nox").addFilter(_drop_uv_probe)
+
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["tests"]
 
@@ -26,25 +38,43 @@ PACKAGES = [
     "trinity-plugins-agents",
 ]
 
-# Extras installed with a package so that its optional tests run: AgentScope (ReAct workflows)
-# and ALFWorld (its text games; builds fast-downward and jericho from source, a few minutes on a
-# fresh machine).
-PACKAGE_EXTRAS = {"trinity-plugins-agents": "[agentscope,alfworld]"}
+# Extras a distribution's own tests exercise: the core's optional features (Data-Juicer
+# operator, `trinity studio`; test tools and monitors are in `dev`), AgentScope (ReAct
+# workflows) and ALFWorld (its text games; builds fast-downward and jericho from source, ~14
+# minutes on a fresh machine). Only the sessions that run those tests install them.
+TEST_EXTRAS = {"trinity-core": "dev,data-juicer,studio", "trinity-plugins-agents": "agentscope,alfworld"}
+# The other first-party distributions a distribution's tests use: almost every test that
+# trains needs an algorithm (trinity-plugins-algos); the core's plugin tests list the math and
+# WebShop plugins; the agents' AgentScope tests grade math answers with trinity-plugins-math.
+TEST_NEEDS = {
+    "trinity-core": ["trinity-plugins-algos", "trinity-plugins-math", "trinity-plugins-webshop"],
+    "trinity-plugins-algos": [],
+    "trinity-plugins-math": ["trinity-plugins-algos"],
+    "trinity-plugins-webshop": ["trinity-plugins-algos"],
+    "trinity-plugins-agents": ["trinity-plugins-algos", "trinity-plugins-math"],
+}
 
 
-def install_trinity(session: nox.Session, extras: str = "dev") -> None:
+def with_test_extras(package: str) -> str:
+    extras = TEST_EXTRAS.get(package)
+    return f"{package}[{extras}]" if extras else package
+
+
+def install(session: nox.Session, *packages: str, core_extras: str = "") -> None:
+    """The pinned CPU torch, then ``trinity-core[core_extras]`` and ``packages`` (folder names,
+    optionally with extras), all editable."""
     session.install(TORCH_SPEC)
-    session.install(
-        "-e", f"trinity-core[{extras}]", *(f"-e{p}{PACKAGE_EXTRAS.get(p, '')}" for p in PACKAGES[1:])
-    )
+    core = f"trinity-core[{core_extras}]" if core_extras else "trinity-core"
+    # TORCH_SPEC again in the same install, so that no dependency can swap the CPU build.
+    session.install(*(arg for p in (core, *packages) for arg in ("-e", p)), TORCH_SPEC)
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole test suite (all packages, cross-package and end-to-end tests)."""
-    # Data-Juicer: the data_juicer operator's tests; studio: `trinity studio` (selenium, for its
-    # browser tests, is in dev).
-    install_trinity(session, "dev,data-juicer,studio")
+    # Every distribution with the extras its tests exercise (selenium, for the studio's browser
+    # tests, is in dev).
+    install(session, *map(with_test_extras, PACKAGES[1:]), core_extras=TEST_EXTRAS["trinity-core"])
     session.run(
         "pytest", *(session.posargs or ["-q"]), env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     )
@@ -53,9 +83,19 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 @nox.parametrize("package", PACKAGES)
 def tests_package(session: nox.Session, package: str) -> None:
-    """One distribution's own unit tests."""
-    install_trinity(session)
-    session.run("pytest", "-q", f"{package}/tests", *session.posargs)
+    """One distribution's own unit tests, in a venv with that distribution, the extras its tests
+    exercise and the first-party distributions they use (``TEST_NEEDS``), nothing else."""
+    if package == "trinity-core":
+        install(session, *TEST_NEEDS[package], core_extras=TEST_EXTRAS[package])
+    else:  # pytest comes with the core's dev extra
+        install(session, *TEST_NEEDS[package], with_test_extras(package), core_extras="dev")
+    session.run(
+        "pytest",
+        "-q",
+        f"{package}/tests",
+        *session.posargs,
+        env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+    )
 
 
 @nox.session(python=PYTHON)
@@ -71,24 +111,25 @@ def quickstart(session: nox.Session) -> None:
     """The README's main command: the CPU quickstart."""
     # Only what it runs (the core, GRPO/OPMD from the algos plugin, the math plugin): the agents
     # plugin's extras compile ALFWorld's planner for minutes.
-    session.install(TORCH_SPEC)
-    session.install(
-        "-e", "trinity-core", "-e", "trinity-plugins-algos", "-e", "trinity-plugins-math", TORCH_SPEC
-    )
+    install(session, "trinity-plugins-algos", "trinity-plugins-math")
     session.run("python", "examples/quickstart/run.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def agents_example(session: nox.Session) -> None:
     """The CPU agent example: a tiny model learns FrozenLake, SFT then step-wise multi-turn RL."""
-    install_trinity(session)
+    # FrozenLake (gymnasium, a dependency of the agents plugin), SFT and GiGPO from the algos
+    # plugin: neither AgentScope nor ALFWorld.
+    install(session, "trinity-plugins-algos", "trinity-plugins-agents")
     session.run("python", "examples/agents/run.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Every benchmark in benchmarks/ (each prints ratios measured side by side)."""
-    install_trinity(session)
+    # They use the core (openai, selenium: dev), the algos plugin and the math workflows;
+    # vllm_engine.py and vs_trl.py say where they run instead (`vllm -- bench`, `bench_trl`).
+    install(session, "trinity-plugins-algos", "trinity-plugins-math", core_extras="dev")
     for script in sorted(os.listdir("benchmarks")):
         if script.endswith(".py") and not script.startswith("_"):
             session.run("python", f"benchmarks/{script}")
@@ -102,8 +143,7 @@ def bench_trl(session: nox.Session) -> None:
     # Only what the quickstart runs (core, GRPO from the algos plugin, the math plugin): the
     # other plugins' extras take minutes to build. TORCH_SPEC in the same install as TRL, which
     # (through accelerate) asks for an unpinned torch. TRL is never a dependency of the packages.
-    session.install(TORCH_SPEC)
-    session.install("-e", "trinity-core", "-e", "trinity-plugins-algos", "-e", "trinity-plugins-math")
+    install(session, "trinity-plugins-algos", "trinity-plugins-math")
     session.install("trl>=1.16,<2", TORCH_SPEC)  # the API vs_trl.py uses, checked with 1.16.0
     session.run(
         "python",
