@@ -21,11 +21,11 @@ from trinity.plugins import get_component
 from trinity.workflow import Task
 from trinity_agents.agentscope_frozen_lake import UPSTREAM_CLASS_PATH, AgentScopeFrozenLakeWorkflow
 from trinity_agents.agentscope_react import (
-    INSTALL_HINT,
     AgentScopeMissingError,
     AgentScopeReactMathWorkflow,
     AgentScopeReActWorkflow,
     AgentScopeV0ReactMathWorkflow,
+    agentscope_install_hint,
 )
 from trinity_agents.frozen_lake import oracle_action
 from trinity_agents.scripted import scripted_model, scripted_openai_model
@@ -94,7 +94,7 @@ def aimless(messages):
 @pytest.fixture
 def agentscope():
     return pytest.importorskip(
-        "agentscope", reason="the AgentScope workflows need the extra: " + INSTALL_HINT
+        "agentscope", reason="the AgentScope workflows need the extra: " + agentscope_install_hint()
     )
 
 
@@ -354,5 +354,6 @@ def test_without_agentscope_registration_works_and_running_fails_with_one_line(m
         with pytest.raises(AgentScopeMissingError) as info:
             workflow.run()
         message = str(info.value)
-        assert "\n" not in message and message.endswith(INSTALL_HINT)
+        assert "\n" not in message and message.endswith(agentscope_install_hint())
+        assert "trinity-plugins-agents[agentscope]'" in message
         assert message.startswith(workflow.registered_name + " needs AgentScope 1.x")

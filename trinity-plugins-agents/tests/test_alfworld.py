@@ -23,18 +23,18 @@ import torch
 
 from trinity.buffer.taskset import TasksetReader
 from trinity.config import FormatConfig, load_config
-from trinity.plugins import get_component
+from trinity.plugins import get_component, install_hint
 from trinity.testing import check_component
 from trinity.trainer.batch import build_batch
 from trinity.workflow import Task
 from trinity_agents import alfworld
 from trinity_agents.alfworld import (
-    MISSING_PACKAGES,
     SYSTEM_PROMPT,
     AlfworldWorkflow,
     StepWiseAlfworldWorkflow,
     format_observation,
     make_alfworld_env,
+    missing_packages,
     parse_action,
 )
 from trinity_agents.scripted import scripted_model
@@ -456,8 +456,9 @@ def test_missing_packages_fail_with_one_line_naming_the_extra(games, monkeypatch
     with pytest.raises(ImportError) as info:
         AlfworldWorkflow(task=make_task(games["spray"]), model=scripted_model(lambda m: "")).run()
     message = str(info.value)
-    assert message == MISSING_PACKAGES and "\n" not in message
-    assert "pip install 'trinity-plugins-agents[alfworld]'" in message and "alfworld-download" in message
+    assert message == missing_packages() and "\n" not in message
+    assert install_hint("trinity-plugins-agents", extra="alfworld") in message
+    assert "trinity-plugins-agents[alfworld]'" in message and "alfworld-download" in message
 
 
 def test_real_factory_builds_textworlds_gym_env(monkeypatch, games, tmp_path):

@@ -27,7 +27,7 @@ def test_example_dry_run(
     # --dry-run does not look components up, so check the names against this plugin here
     assert workflow in WORKFLOWS and reward_fn in REWARD_FNS
     trinity = shutil.which("trinity")
-    assert trinity, "the `trinity` command is not installed (pip install -e trinity-core)"
+    assert trinity, "the `trinity` command is not installed (pip install -e ./trinity-core)"
     env = {
         **os.environ,
         "MODEL_PATH": "/models/my-qwen",

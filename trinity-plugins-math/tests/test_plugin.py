@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import trinity_math.hooks as hooks
-from trinity.plugins import KINDS, UnknownComponentError, get_component, list_components
+from trinity.plugins import KINDS, UnknownComponentError, get_component, install_hint, list_components
 from trinity.testing import check_component
 
 
@@ -32,7 +32,7 @@ def test_core_install_hints_name_this_distribution() -> None:
     for kind in ("workflow", "reward_fn"):
         assert "trinity-plugins-math" in KINDS[kind].install_hint
         error = UnknownComponentError(kind, "math_workflow", [])
-        assert "pip install trinity-plugins-math" in str(error)
+        assert install_hint("trinity-plugins-math") in str(error)
 
 
 COMPONENTS = [("workflow", n, c) for n, c in hooks.WORKFLOWS.items()] + [

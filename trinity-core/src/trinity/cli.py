@@ -113,7 +113,7 @@ def cli() -> None:
 )
 def plugins(show_all: bool, as_json: bool, plugin_dirs: tuple[str, ...]) -> None:
     """List installed plugins, their hooks and the components they register."""
-    from trinity.plugins import PluginError, add_plugin_dirs, plugin_infos
+    from trinity.plugins import PluginError, add_plugin_dirs, install_hint, plugin_infos
 
     try:
         add_plugin_dirs(plugin_dirs)
@@ -131,7 +131,8 @@ def plugins(show_all: bool, as_json: bool, plugin_dirs: tuple[str, ...]) -> None
         return
     if not infos:
         click.echo(
-            "No Trinity plugins installed. Try: pip install trinity-plugins-algos trinity-plugins-math"
+            "No Trinity plugins installed. Try: "
+            + install_hint("trinity-plugins-algos", "trinity-plugins-math")
         )
         return
     for info in infos:

@@ -32,38 +32,44 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 @dataclass(frozen=True)
 class KindSpec:
     """What a hook registers: ``name`` (the kind), ``base`` (``"module:Class"``, imported on
-    first use to keep this module light) and ``install_hint`` (shown when a name is unknown)."""
+    first use to keep this module light) and ``providers``, the first-party distributions with
+    components of that kind, each ``(distribution, what it brings)`` (``what`` may be empty):
+    an unknown name's error says how to install them (``trinity.plugins.install_hint``)."""
 
     name: str
     base: str
-    install_hint: str
+    providers: tuple[tuple[str, str], ...] = ()
 
 
-def registers(kind: str, base: str, install_hint: str) -> Callable[[_F], _F]:
+def registers(kind: str, base: str, providers: tuple[tuple[str, str], ...] = ()) -> Callable[[_F], _F]:
     """Mark a hookspec with the component kind it registers (see :class:`KindSpec`)."""
 
     def mark(func: _F) -> _F:
-        setattr(func, KIND_ATTRIBUTE, KindSpec(kind, base, install_hint))
+        setattr(func, KIND_ATTRIBUTE, KindSpec(kind, base, providers))
         return func
 
     return mark
 
 
-_ALGOS = "pip install trinity-plugins-algos"
+_ALGOS = (("trinity-plugins-algos", ""),)
 
 
 @hookspec
 @registers(
     "workflow",
     "trinity.workflow:Workflow",
-    "pip install trinity-plugins-math (math), trinity-plugins-webshop (webshop) or trinity-plugins-agents (tool calling, FrozenLake, ALFWorld, AgentScope ReAct)",
+    (
+        ("trinity-plugins-math", "math"),
+        ("trinity-plugins-webshop", "webshop"),
+        ("trinity-plugins-agents", "tool calling, FrozenLake, ALFWorld, AgentScope ReAct"),
+    ),
 )
 def register_workflows(register: Register) -> None:
     """Register ``Workflow`` subclasses (kind ``workflow``), e.g. ``register("math_workflow", MathWorkflow)``."""
 
 
 @hookspec
-@registers("reward_fn", "trinity.workflow:RewardFn", "pip install trinity-plugins-math")
+@registers("reward_fn", "trinity.workflow:RewardFn", (("trinity-plugins-math", ""),))
 def register_reward_fns(register: Register) -> None:
     """Register ``RewardFn`` subclasses (kind ``reward_fn``)."""
 
@@ -112,11 +118,7 @@ def register_selectors(register: Register) -> None:
 
 
 @hookspec
-@registers(
-    "operator",
-    "trinity.data.operator:Operator",
-    "pip install trinity-core (its built-in operators, listed in docs/plugins.md) or a plugin registering more",
-)
+@registers("operator", "trinity.data.operator:Operator")  # the core's built-ins: docs/plugins.md
 def register_operators(register: Register) -> None:
     """Register data-processor operators (kind ``operator``): ``ExperienceOperator`` subclasses
     for ``data_processor.experience_pipeline`` and ``TaskOperator`` subclasses for

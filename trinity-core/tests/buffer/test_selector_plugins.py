@@ -25,7 +25,7 @@ from trinity.config import Config, TasksetConfig, no_effect
 from trinity.config.no_effect import find_no_effect
 from trinity.explorer.explorer import Explorer
 from trinity.explorer.runner import TaskResult
-from trinity.plugins import KINDS, UnknownComponentError, get_component, list_components
+from trinity.plugins import KINDS, UnknownComponentError, get_component, install_hint, list_components
 from trinity.testing import check_component
 from trinity.testing.conformance import check_selector
 from trinity.workflow import Workflow
@@ -140,7 +140,7 @@ def test_unknown_selector_names_the_closest_and_where_to_get_more(plugin_manager
     message = str(info.value)
     assert "Did you mean 'shuffle'?" in message
     assert "Installed selectors: random, sequential, shuffle." in message
-    assert "pip install trinity-plugins-algos" in message
+    assert install_hint("trinity-plugins-algos") in message
 
 
 def test_builtins_keep_their_order():

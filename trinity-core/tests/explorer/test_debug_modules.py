@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from trinity.explorer.debug import debug
 from trinity.explorer.model_wrapper import ModelWrapper
 from trinity.explorer.remote_model import RemoteModelWrapper, build_debug_app, probe
+from trinity.plugins import install_hint
 from trinity.testing.plugins import isolated_plugin_manager
 
 HELLO = [{"role": "user", "content": "1+1="}]
@@ -295,7 +296,9 @@ def test_viewer_without_the_studio_says_how_to_get_it(tmp_path, monkeypatch):
     out.write_text("{}\n")
     result = CliRunner().invoke(debug, ["--module", "viewer", "--output-file", str(out)])
     assert result.exit_code == 1
-    assert result.output.strip() == "the viewer needs the studio: pip install 'trinity-core[studio]'"
+    hint = install_hint("trinity-core", extra="studio")
+    assert result.output.strip() == f"the viewer needs the studio: {hint}"
+    assert hint.startswith("pip install") and "trinity-core[studio]'" in hint
 
 
 def test_viewer_needs_an_existing_output_file(tmp_path):

@@ -31,7 +31,7 @@ def test_kinds_are_read_from_the_hookspecs():
         spec = getattr(getattr(hookspecs, hook), hookspecs.KIND_ATTRIBUTE, None)
         assert isinstance(spec, hookspecs.KindSpec), f"hookspec {hook} does not declare its kind (@registers)"
         kind = KINDS[spec.name]
-        assert (kind.hook, kind.base, kind.install_hint) == (hook, spec.base, spec.install_hint)
+        assert (kind.hook, kind.base, kind.providers) == (hook, spec.base, spec.providers)
     # In hookspec order, so messages and `trinity plugins` list kinds the way the docs do.
     assert [k.hook for k in KINDS.values()] == [h for h in vars(hookspecs) if h in hooks]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from trinity.config import load_config, resolve_config
 from trinity.config.errors import ConfigError
 from trinity.config.validation import validate_config
 from trinity.experience import EID, Experience
+from trinity.plugins import install_hint
 from trinity.trainer.components import MissingInputError
 from trinity.trainer.verl.config import build_verl_config, trainer_gpu_split
 from trinity.trainer.verl.dataproto import (
@@ -534,5 +536,5 @@ def test_verl_trainer_type_without_verl_says_what_to_install():
     from trinity.trainer.trainer import _build_backend
 
     config = _config(mode="train", trainer={"trainer_type": "verl"})
-    with pytest.raises(RuntimeError, match=r"pip install 'trinity-core\[verl\]'"):
+    with pytest.raises(RuntimeError, match=re.escape(install_hint("trinity-core", extra="verl"))):
         _build_backend(config)

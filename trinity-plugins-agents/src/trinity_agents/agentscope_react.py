@@ -20,7 +20,7 @@ on every step (``info["step_reward"]``: 0 before the last step, the reward on it
 ``multi_step_grpo`` trains on.
 
 AgentScope is imported when a workflow runs, never when this module is imported; without it the
-run fails with one line saying ``pip install 'trinity-plugins-agents[agentscope]'``.
+run fails with one line saying ``pip install './trinity-plugins-agents[agentscope]'``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,12 @@ if TYPE_CHECKING:
     from trinity.experience import Experience
     from trinity.workflow import Task
 
-INSTALL_HINT = "pip install 'trinity-plugins-agents[agentscope]'"
+
+def agentscope_install_hint() -> str:
+    """How to install AgentScope: the ``agentscope`` extra of this distribution."""
+    from trinity.plugins import install_hint
+
+    return install_hint("trinity-plugins-agents", extra="agentscope")
 
 
 # -- AgentScope ------------------------------------------------------------------------------
@@ -55,11 +60,13 @@ def require_agentscope(workflow: str = "this workflow") -> Any:
         from agentscope.agent import ReActAgent  # noqa: F401  (the 1.x API)
     except ImportError as exc:
         raise AgentScopeMissingError(
-            f"{workflow} needs AgentScope 1.x, which is not importable ({exc}): {INSTALL_HINT}"
+            f"{workflow} needs AgentScope 1.x, which is not importable ({exc}): {agentscope_install_hint()}"
         ) from None
     version = str(getattr(agentscope, "__version__", "1"))
     if not version.startswith("1."):
-        raise AgentScopeMissingError(f"{workflow} needs AgentScope 1.x, found {version}: {INSTALL_HINT}")
+        raise AgentScopeMissingError(
+            f"{workflow} needs AgentScope 1.x, found {version}: {agentscope_install_hint()}"
+        )
     return agentscope
 
 
@@ -523,11 +530,11 @@ class AgentScopeV0ReactMathWorkflow(AgentScopeReactMathWorkflow):
 
 
 __all__ = [
-    "INSTALL_HINT",
     "AgentScopeMissingError",
     "AgentScopeReActWorkflow",
     "AgentScopeReactMathWorkflow",
     "AgentScopeV0ReactMathWorkflow",
+    "agentscope_install_hint",
     "answers_match",
     "build_toolkit",
     "final_answer",

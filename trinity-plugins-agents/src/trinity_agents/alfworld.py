@@ -4,7 +4,7 @@ Each task row names one ALFWorld game, a ``game.tw-pddl`` file from ALFWorld's d
 rows, written by its ``examples/grpo_alfworld/get_alfworld_data.py``: ``{"game_file": PATH,
 "target": ""}``; the path is read under ``format.prompt_key``, else the ``game_file`` column).
 The game is played with TextWorld's PDDL engine and ALFWorld's name demangler (optional extra
-``alfworld``: ``pip install 'trinity-plugins-agents[alfworld]'``, then ``alfworld-download`` for the
+``alfworld``: ``pip install './trinity-plugins-agents[alfworld]'``, then ``alfworld-download`` for the
 games); :func:`make_alfworld_env` is the one place that touches those packages, and
 :attr:`AlfworldWorkflow.env_factory` can be swapped for any environment with TextWorld's gym API
 (``reset() -> (observation, infos)``, ``step(command) -> (observation, score, done, infos)``).
@@ -70,12 +70,17 @@ NOTHING_HAPPENS = "Nothing happens."
 #: The reward of an episode the game did not end (Trinity-RFT's).
 UNFINISHED_REWARD = -0.1
 
-MISSING_PACKAGES = (
-    "ALFWorld workflows need the `alfworld` and `textworld` packages, which are not installed: "
-    "pip install 'trinity-plugins-agents[alfworld]', then download the games with "
-    "`alfworld-download` (into $ALFWORLD_DATA, default ~/.cache/alfworld) and point the taskset's "
-    "`game_file` rows at them"
-)
+
+def missing_packages() -> str:
+    """The one-line error when ALFWorld's packages are not installed: how to install them."""
+    from trinity.plugins import install_hint
+
+    return (
+        "ALFWorld workflows need the `alfworld` and `textworld` packages, which are not installed: "
+        f"{install_hint('trinity-plugins-agents', extra='alfworld')}, then download the games with "
+        "`alfworld-download` (into $ALFWORLD_DATA, default ~/.cache/alfworld) and point the taskset's "
+        "`game_file` rows at them"
+    )
 
 
 # -- text protocol ---------------------------------------------------------------------------
@@ -148,7 +153,7 @@ def make_alfworld_env(game_file: str) -> Any:
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
         from textworld.gym.envs import TextworldGymEnv
     except ImportError:
-        raise ImportError(MISSING_PACKAGES) from None
+        raise ImportError(missing_packages()) from None
     if not os.path.isfile(game_file):
         raise FileNotFoundError(
             f"ALFWorld game file {game_file!r} does not exist (download the games with "
@@ -290,7 +295,6 @@ class StepWiseAlfworldWorkflow(AlfworldWorkflow):
 
 
 __all__ = [
-    "MISSING_PACKAGES",
     "NOTHING_HAPPENS",
     "SYSTEM_PROMPT",
     "UNFINISHED_REWARD",
@@ -300,5 +304,6 @@ __all__ = [
     "format_observation",
     "game_file_of",
     "make_alfworld_env",
+    "missing_packages",
     "parse_action",
 ]

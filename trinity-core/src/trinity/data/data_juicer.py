@@ -1,5 +1,5 @@
 """The ``data_juicer`` operator: a Data-Juicer recipe run in-process, on task rows or on the
-experiences of an explore step (optional extra: ``pip install 'trinity-core[data-juicer]'``).
+experiences of an explore step (optional extra: ``pip install './trinity-core[data-juicer]'``).
 
 The recipe is Trinity-RFT's: ``config_path`` (a Data-Juicer YAML with a ``process:`` list, and
 ``np`` its worker count) or an inline ``process:`` list. Each experience becomes a row with
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 _INDEX = "__trinity_row__"
 _STATS = "__dj__stats__"
-_EXTRA = "pip install 'trinity-core[data-juicer]'"
 
 
 def _no_runtime_install(cls: Any, package_spec: str, pip_args: Any = None) -> None:
@@ -57,7 +56,10 @@ def _load_data_juicer() -> tuple[Any, Any]:
         from data_juicer.ops import load_ops
         from data_juicer.utils.lazy_loader import LazyLoader
     except ImportError as exc:
-        raise ValueError(f"the data_juicer operator needs Data-Juicer ({exc}): {_EXTRA}") from None
+        from trinity.plugins import install_hint
+
+        hint = install_hint("trinity-core", extra="data-juicer")
+        raise ValueError(f"the data_juicer operator needs Data-Juicer ({exc}): {hint}") from None
     LazyLoader._install_package = classmethod(_no_runtime_install)
     return load_ops, NestedDataset
 

@@ -361,6 +361,8 @@ def _viewer(output_file: str | None, host: str, port: int) -> None:
         # the `trinity` package, bypassing a module put in sys.modules (the tests' stand-in).
         studio = importlib.import_module("trinity.studio")
     except ImportError:
-        click.echo("the viewer needs the studio: pip install 'trinity-core[studio]'", err=True)
+        from trinity.plugins import install_hint
+
+        click.echo(f"the viewer needs the studio: {install_hint('trinity-core', extra='studio')}", err=True)
         click.get_current_context().exit(1)
     studio.launch(host=host, port=port, experience_file=str(path))

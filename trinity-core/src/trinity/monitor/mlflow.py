@@ -30,8 +30,10 @@ class MlflowMonitor(Monitor):
         try:
             import mlflow
         except ImportError:
+            from trinity.plugins import install_hint
+
             raise ImportError(
-                "monitor_type 'mlflow' needs the mlflow package: pip install 'trinity-core[mlflow]'"
+                f"monitor_type 'mlflow' needs the mlflow package: {install_hint('trinity-core', extra='mlflow')}"
             ) from None
         args = dict(monitor_args or {})
         # Without a server, a local SQLite store (MLflow 3 retired the plain file store).

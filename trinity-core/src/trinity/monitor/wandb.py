@@ -29,8 +29,10 @@ class WandbMonitor(Monitor):
         try:
             import wandb
         except ImportError:
+            from trinity.plugins import install_hint
+
             raise ImportError(
-                "monitor_type 'wandb' needs the wandb package: pip install 'trinity-core[wandb]'"
+                f"monitor_type 'wandb' needs the wandb package: {install_hint('trinity-core', extra='wandb')}"
             ) from None
         args = dict(monitor_args or {})
         api_key = args.pop("api_key", None)

@@ -42,9 +42,11 @@ def _build_backend(config: Config) -> TrainerBackend:
 
         # Checked first so a missing extra reads as what to install, not as a deep ImportError.
         if importlib.util.find_spec("verl") is None:
+            from trinity.plugins import install_hint
+
             raise RuntimeError(
                 "trainer.trainer_type 'verl' needs veRL, which is not installed: "
-                "pip install 'trinity-core[verl]' (GPUs required), or use trainer_type: native"
+                f"{install_hint('trinity-core', extra='verl')} (GPUs required), or use trainer_type: native"
             )
         from trinity.trainer.verl.trainer import VerlTrainer
 

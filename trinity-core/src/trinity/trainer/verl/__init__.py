@@ -1,4 +1,4 @@
-"""The veRL trainer back-end (``trainer.trainer_type: verl``, ``pip install 'trinity-core[verl]'``).
+"""The veRL trainer back-end (``trainer.trainer_type: verl``, ``pip install './trinity-core[verl]'``).
 
 - :mod:`~trinity.trainer.verl.config`: our config → veRL's config, ``trainer_config`` merged over
   it (pure Python, no veRL needed);
