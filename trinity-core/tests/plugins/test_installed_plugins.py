@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -29,8 +30,10 @@ def site(tmp_path_factory) -> Path:
     """A folder holding the installed example plugin and a broken plugin distribution."""
     root = tmp_path_factory.mktemp("site")
     wheels = root / "wheels"
+    # Built from a copy: setuptools writes build/ and *.egg-info next to the sources.
+    source = shutil.copytree(EXAMPLE, root / "source", ignore=shutil.ignore_patterns("build", "*.egg-info"))
     # --no-build-isolation: build with the setuptools already installed (no network needed).
-    _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(EXAMPLE))
+    _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source))
     target = root / "target"
     _pip("install", "--no-deps", "--no-index", "--target", str(target), *map(str, wheels.glob("*.whl")))
     # A distribution whose plugin module fails at import, as a half-installed package would.
@@ -88,7 +91,7 @@ def test_get_component_finds_the_installed_plugin(site):
     )
     proc = _run(site, "-c", code)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["trinity_algo_example.hooks", "vanilla_pg"]
+    assert proc.stdout.split() == ["trinity_algo_example.vanilla_pg", "vanilla_pg"]
 
 
 def test_run_fails_fast_naming_the_broken_distribution(site, tmp_path):

@@ -1,14 +1,13 @@
-"""Hook implementations: what this plugin adds to Trinity.
+"""The components: a policy loss and an algorithm type that trains with it.
 
-Like every plugin module, it avoids importing torch at import time (``trinity plugins`` loads
-it); the loss imports torch helpers only when called.
+Like every module a plugin's hooks import, it avoids importing torch at import time
+(``trinity plugins`` loads it); torch comes with the tensors the trainer passes.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trinity import hookimpl
 from trinity.algorithm import AlgorithmType, PolicyLossFn, aggregate_loss
 
 if TYPE_CHECKING:
@@ -18,7 +17,7 @@ if TYPE_CHECKING:
 class VanillaPGLoss(PolicyLossFn):
     """REINFORCE-style loss ``agg(-A * logprob)`` over the action mask."""
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self,
         logprob: torch.Tensor,
         action_mask: torch.Tensor,
@@ -48,13 +47,3 @@ class VanillaPGAlgorithm(AlgorithmType):
             "entropy_loss_fn": "none",
             "sample_strategy": "default",
         }
-
-
-@hookimpl
-def register_policy_loss_fns(register):
-    register("vanilla_pg", VanillaPGLoss)
-
-
-@hookimpl
-def register_algorithm_types(register):
-    register("vanilla_pg", VanillaPGAlgorithm)
