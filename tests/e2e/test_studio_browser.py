@@ -75,11 +75,18 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def studio_root(tmp_path_factory) -> Path:
+    from trinity.monitor.tensorboard import TensorboardMonitor
+    from trinity.run_status import write_run_status
     from trinity.studio.demo import make_demo_run, write_jsonl_experiences
 
     root = tmp_path_factory.mktemp("studio_browser")
     make_demo_run(str(root), steps=8, experiences=60)
     write_jsonl_experiences(str(root / "debug.jsonl"), 12)
+    # A later start of the same job that failed before logging anything (as launchers before
+    # the clean-up left them): the newest row, but no data.
+    failed = root / "demo" / "tiny_20990101000000"
+    write_run_status(failed, "failed", "starting actors: an actor died")
+    TensorboardMonitor(str(failed / "monitor" / "tensorboard"), "trainer").close()
     return root
 
 
@@ -345,3 +352,46 @@ def test_open_an_experience_and_see_its_token_colouring(browser, studio, studio_
     masked = [t.get_attribute("data-value") for t in _css(browser, "#exp-tokens .tok:not(.prompt)")]
     assert masked == ["true" if m else "false" for m in exp.action_mask.tolist()]
     _screenshot(browser, "experiences")
+
+
+def test_the_newest_run_with_data_is_ticked_and_an_empty_failed_start_greyed(browser, studio):
+    _open(browser, f"{studio}/#runs", 'tr[data-run="demo/tiny_20990101000000"]')
+    rows = [r.get_attribute("data-run") for r in _css(browser, "#runs-table tbody tr")]
+    assert rows == ["demo/tiny_20990101000000", "demo/tiny"]  # newest first
+    empty = _css(browser, 'tr[data-run="demo/tiny_20990101000000"]')[0]
+    assert "no-data" in empty.get_attribute("class") and "(no data)" in empty.text
+    ticked = [
+        b.get_attribute("data-run")
+        for b in _css(browser, "#runs-table input[type=checkbox]")
+        if b.is_selected()
+    ]
+    assert ticked == ["demo/tiny"]
+    _wait(browser, lambda d: _css(d, '.chart[data-title="Reward"] circle.point'), what="the reward chart")
+
+
+def test_a_runs_saved_config_opens_on_the_runs_page(browser, studio):
+    _open(browser, f"{studio}/#runs", 'tr[data-run="demo/tiny"] a[data-config="config.yaml"]')
+    assert "not saved" in _css(browser, 'tr[data-run="demo/tiny_20990101000000"]')[0].text
+    _css(browser, 'tr[data-run="demo/tiny"] a[data-config="config.yaml"]')[0].click()
+    _wait(browser, lambda d: _css(d, "#runs-config")[0].is_displayed(), what="the config panel")
+    text = _css(browser, "#runs-config-text")[0].text
+    config = yaml.safe_load(text)
+    assert config["project"] == "demo" and config["name"] == "tiny"
+    assert "demo/tiny/config.yaml" in _css(browser, "#runs-config-title")[0].text
+    _css(browser, "#runs-config-close")[0].click()
+    assert not _css(browser, "#runs-config")[0].is_displayed()
+
+
+def test_tokens_show_as_text_decoded_with_the_runs_tokenizer(browser, studio, studio_root):
+    from trinity.studio.demo import demo_experiences
+
+    source = studio_root / "demo" / "tiny" / "buffer" / "experiences.db"
+    _open(browser, f"{studio}/#experiences?source={source}", "#exp-table-rows tbody tr[data-id]")
+    _css(browser, '#exp-table-rows tr[data-id="3"]')[0].click()
+    _wait(browser, lambda d: _css(d, "#exp-tokens .tok"), what="the token view")
+    exp = list(demo_experiences(3))[2]
+    pieces = [t.text for t in _css(browser, "#exp-tokens .tok")]
+    assert "".join(pieces) == exp.prompt_text + exp.response_text
+    model = str(studio_root / "demo" / "tiny" / "model")
+    assert _css(browser, "#exp-decoded")[0].text == f"tokens decoded with {model}"
+    assert _css(browser, "#exp-tokenizer")[0].get_attribute("value") == model

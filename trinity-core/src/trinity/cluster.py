@@ -322,6 +322,10 @@ def connect(config: Config) -> Any:
         # actor instead of the ones it started with the node (measured: ~1 s less start-up).
         for key, value in runtime_env["env_vars"].items():
             os.environ.setdefault(key, value)
+        if "RAY_AUTH_MODE" not in os.environ:
+            # What Ray does for a Ray it starts (token authentication, a token made if there is
+            # none), chosen explicitly so Ray does not warn about it (with a link) on every start.
+            _enable_token_auth()
         with _without_head_monitors():
             ray.init(
                 address="local",
@@ -329,13 +333,20 @@ def connect(config: Config) -> Any:
                 namespace=config.ray_namespace,
                 include_dashboard=False,
                 log_to_driver=False,
+                # Ray's start-up INFO lines ("Started a local Ray instance", ...) say nothing the
+                # job's own lines do not; its warnings and errors still print.
+                logging_level=logging.WARNING,
             )
     else:
         _check_reachable(address, origin)
         _check_head(address, origin)
         try:
             ray.init(
-                address=address, namespace=config.ray_namespace, runtime_env=runtime_env, log_to_driver=False
+                address=address,
+                namespace=config.ray_namespace,
+                runtime_env=runtime_env,
+                log_to_driver=False,
+                logging_level=logging.WARNING,  # the job says which cluster it joined (below)
             )
         except Exception as exc:  # ConnectionError, RuntimeError, AuthenticationError, ValueError, ...
             if is_auth_error(exc):

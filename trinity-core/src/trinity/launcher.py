@@ -63,11 +63,13 @@ def run(config: Config) -> int:
         print(f"[trinity] stage {index + 1}/{len(stages)}: {label} (mode {stage.mode})", flush=True)
         try:
             result = run_stage(stage)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             print("[trinity] interrupted; actors stopped.", file=sys.stderr)
+            _print_notes(exc)
             return 128 + _stop_signal  # EXIT_INTERRUPTED (130) for Ctrl-C, 143 for SIGTERM
         except JobFailed as exc:
             print(f"[trinity] job failed: {exc}", file=sys.stderr)
+            _print_notes(exc)
             return EXIT_FAILED
         if result.shortfall:
             if index + 1 < len(stages):
@@ -75,6 +77,11 @@ def run(config: Config) -> int:
             return EXIT_FAILED
         previous_checkpoint = result.final_checkpoint or previous_checkpoint
     return EXIT_OK
+
+
+def _print_notes(exc: BaseException) -> None:
+    for note in getattr(exc, "__notes__", ()):
+        print(f"[trinity] {note}", file=sys.stderr, flush=True)
 
 
 def _setup_driver_logging() -> None:
@@ -111,23 +118,97 @@ def run_stage(config: Config) -> StageResult:
             flush=True,
         )
         config = renamed
+    start = _Start()
     if config.mode == "bench":
-        return _run_stage(config)  # it evaluates another run's folder: that run's status stands
+        return _run_stage(config, start)  # it evaluates another run's folder: that run's status stands
     job_dir = config.checkpoint_job_dir
+    created = _first_missing(job_dir, config.checkpoint_root_dir)
     write_run_status(job_dir, "running")
+    save_config(config)
     try:
-        result = _run_stage(config)
-    except KeyboardInterrupt:
+        result = _run_stage(config, start)
+    except KeyboardInterrupt as exc:
         write_run_status(job_dir, "interrupted", f"stopped by {_stop_signal.name}")
+        _remove_unstarted(config, created, start, exc)
         raise
     except BaseException as exc:
         write_run_status(job_dir, "failed", str(exc).split("\n")[0] or type(exc).__name__)
+        _remove_unstarted(config, created, start, exc)
         raise
     write_run_status(job_dir, "failed" if result.shortfall else "finished", result.shortfall)
     return result
 
 
-def _run_stage(config: Config) -> StageResult:
+#: The resolved config a run was started with, in its job folder (``config.<mode>.yaml`` for the
+#: explore / serve job of a decoupled pair, which shares the folder with its train job).
+CONFIG_FILE = "config.yaml"
+
+
+def config_file_name(mode: str) -> str:
+    return f"config.{mode}.yaml" if mode in ("explore", "serve") else CONFIG_FILE
+
+
+def save_config(config: Config) -> None:
+    """Write the resolved config (what ``trinity run --dry-run`` prints) into the job folder,
+    so the run keeps what produced it (the studio's Runs page shows it)."""
+    path = Path(config.checkpoint_job_dir) / config_file_name(config.mode)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(
+            f"# The resolved config of this run, written by `trinity run` at its start ({time.strftime('%Y-%m-%d %H:%M:%S')}).\n"
+            + config.to_yaml()
+        )
+        os.replace(tmp, path)
+    except OSError as exc:  # the run does not depend on it
+        logger.warning("could not save the run's config to %s: %s", path, exc)
+
+
+@dataclass
+class _Start:
+    """How far a stage's start got: ``actors_ready`` once its actors are up (from then on it
+    has logs and results worth keeping, whatever happens)."""
+
+    actors_ready: bool = False
+
+
+def _first_missing(job_dir: str, root: str | None) -> Path | None:
+    """The outermost folder of ``job_dir``'s path (below ``root``) that does not exist yet:
+    what this start creates. ``None`` when ``job_dir`` exists."""
+    path = Path(job_dir).absolute()
+    if path.exists():
+        return None
+    top = Path(root).absolute() if root else None
+    missing = path
+    while missing.parent != missing and not missing.parent.exists() and missing.parent != top:
+        missing = missing.parent
+    return missing
+
+
+def _remove_unstarted(config: Config, created: Path | None, start: _Start, exc: BaseException) -> None:
+    """A start that failed (or was stopped) before its actors were up leaves nothing to keep:
+    remove the folder it created, so failed attempts do not pile up as empty runs (each retry
+    with ``continue_from_checkpoint: false`` would get a new timestamped folder). What was
+    removed is a note on ``exc``, printed after the failure's own line."""
+    import shutil
+
+    from trinity.run_status import read_run_status
+
+    job_dir = Path(config.checkpoint_job_dir)
+    if created is None or start.actors_ready or not job_dir.is_dir():
+        return
+    status = read_run_status(job_dir) or {}
+    if status.get("pid") != os.getpid() or any(job_dir.glob("global_step_*")):
+        return  # another job (the other side of a decoupled pair) uses the folder now
+    shutil.rmtree(job_dir, ignore_errors=True)
+    folder = job_dir.parent
+    while folder != created.parent and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()  # the empty parents this start made (project, name of a staged job)
+        folder = folder.parent
+    exc.add_note(f"{job_dir} removed: this start stopped before its actors were up (nothing to keep)")
+
+
+def _run_stage(config: Config, start: _Start | None = None) -> StageResult:
     from trinity.actors import ExplorerActor, TrainerActor
     from trinity.buffer.factory import check_buffer_is_free
     from trinity.monitor import get_monitor, get_monitors
@@ -150,9 +231,11 @@ def _run_stage(config: Config) -> StageResult:
     ray = _init_ray(config)
     job_dir = Path(config.checkpoint_job_dir)
     (job_dir / "log").mkdir(parents=True, exist_ok=True)
+    start = start or _Start()
     if config.mode == "serve":  # no step loop: serves until stopped (trinity.explorer.serve)
         from trinity.explorer.serve import run_serve
 
+        start.actors_ready = True  # it starts its own; what it logs is worth keeping
         return run_serve(config)
     synchronizer = Synchronizer.from_config(config.synchronizer)
     total = total_steps(config)
@@ -188,6 +271,7 @@ def _run_stage(config: Config) -> StageResult:
             actors.append(trainer)
         # Construction errors surface here, with the actor named.
         _get(ray, [a.ready.remote() for a in actors], "starting actors")
+        start.actors_ready = True
         if config.mode == "bench":
             metrics = _get(ray, explorer.benchmark.remote(), "explorer benchmark")
             _log(monitors["explorer"], metrics, 0)
@@ -398,7 +482,12 @@ class _StepLoop:
         if trainer is not None:
             self.trainer_step = self.get(trainer.current_step.remote(), "trainer")
             self.reader_position = self.get(trainer.reader_position.remote(), "trainer")
-        if (explorer is None or trainer is None) and not self.checkpoint_sync and not self.cross_job_nccl:
+        if (
+            (explorer is None or trainer is None)
+            and not self.checkpoint_sync
+            and not self.cross_job_nccl
+            and sync_method_set_for(config)
+        ):
             other = "trainer" if trainer is None else "explorer"
             logger.warning(
                 "synchronizer.sync_method %s: this %s-only stage exchanges no weights with the %s job "
@@ -749,7 +838,14 @@ class _StepLoop:
             self.eval(self.pending_evals.pop(0))
 
     def eval(self, step: int) -> None:
-        _log(self.monitors["explorer"], self.get(self.explorer.eval.remote(), "explorer eval"), step)
+        metrics = self.get(self.explorer.eval.remote(), "explorer eval")
+        _log(self.monitors["explorer"], metrics, step)
+        # The console bar follows the trainer when there is one: it shows the last eval too.
+        for role, monitor in self.monitors.items():
+            if role != "explorer":
+                for console in getattr(monitor, "monitors", ()):
+                    if hasattr(console, "log_eval"):
+                        console.log_eval(_numbers(metrics), step)
 
     def report_wait(self, explore_ref: Any, train_ref: Any, explorer_done: bool, seconds: float) -> None:
         """One console line saying who waits for what, while nothing finishes."""
@@ -798,6 +894,9 @@ class _StepLoop:
         summary = f"{self.trainer_step} train steps, {self.explorer_step} explore steps in {elapsed:.0f}s" + (
             f"; final weights {final_checkpoint}" if final_checkpoint else ""
         )
+        from trinity.monitor.console import end_progress_bars
+
+        end_progress_bars()  # the closing line comes after the bar's final state, on its own line
         if short:
             print(f"[trinity] finished short: {'; '.join(short)}. {summary}", file=sys.stderr, flush=True)
         else:
@@ -810,6 +909,13 @@ class _StepLoop:
             self.last_metrics,
             "; ".join(short) or None,
         )
+
+
+def sync_method_set_for(config: Config) -> bool:
+    """Whether ``synchronizer.sync_method`` is meant for this stage. A stage of a staged job has
+    the job's synchronizer (stages cannot set one), which is there for the stages that run
+    explorer and trainer together: in a train-only warm-up before them it is no mistake."""
+    return not getattr(config, "_sync_for_other_stages", False)
 
 
 def _explore_steps_per_batch(config: Config) -> float:

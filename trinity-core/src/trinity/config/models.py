@@ -74,6 +74,9 @@ class Config(Section):
     _source: dict[str, Any] | None = PrivateAttr(default=None)
     # The file the config came from, for error messages.
     _file: str | None = PrivateAttr(default=None)
+    # A stage of a staged job whose synchronizer (stages cannot set one) is the job's, there for
+    # another stage that runs explorer and trainer together: it has no effect here by design.
+    _sync_for_other_stages: bool = PrivateAttr(default=False)
 
     @field_validator("mode", mode="before")
     @classmethod

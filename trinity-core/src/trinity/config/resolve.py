@@ -175,6 +175,7 @@ def _resolve_buffer(c: Config, algo_cls: type) -> None:
     )
     if ti.experience_buffer.schema_type is None:
         ti.experience_buffer.schema_type = algo_cls.schema
+    _keep_queue_experiences(c, ti.experience_buffer)
     _unique(names, ti.experience_buffer.name, "buffer.trainer_input.experience_buffer")
     for name, aux in ti.auxiliary_buffers.items():
         key = f"buffer.trainer_input.auxiliary_buffers.{name}"
@@ -273,6 +274,17 @@ def _resolve_experience_buffer(c: Config, eb: ExperienceBufferConfig, key: str, 
         if eb.reuse_cooldown_time is not None:
             eb.replay_buffer.reuse_cooldown_time = eb.reuse_cooldown_time
         eb.use_priority_queue = eb.reuse_cooldown_time = None
+
+
+def _keep_queue_experiences(c: Config, eb: ExperienceBufferConfig) -> None:
+    """A ``queue`` without a ``path`` in a job that runs both explorer and trainer on a Ray of
+    its own gets its SQL mirror in the job folder (``<job_dir>/buffer/<name>.db``): the trained
+    experiences stay browsable (``trinity studio``) and a resumed run gets its unread ones back,
+    for a few milliseconds per step. On a shared cluster (``cluster.ray_address``) the job folder
+    may be on a network file system, where SQLite is no safe default: set ``path`` there."""
+    if eb.storage_type != "queue" or eb.path or c.mode not in ("both", "colocate") or joins_cluster(c):
+        return
+    eb.path = "sqlite:///" + os.path.join(os.path.abspath(c.buffer.cache_dir), f"{eb.name}.db")
 
 
 def _absolute_sqlite_url(path: str) -> str:
@@ -517,6 +529,9 @@ def stage_configs(config: Config) -> list[Config]:
             out.append(resolve_config(stage_config))
         except ConfigError as exc:
             raise ConfigError(f"in stage {stage_name!r}: {exc.message}", key=exc.key, file=exc.file) from None
+    if any(s.mode in ("both", "colocate") for s in out):
+        for s in out:
+            s._sync_for_other_stages = s.mode not in ("both", "colocate")
     return out
 
 
@@ -547,6 +562,7 @@ def _source_of(config: Config) -> dict[str, Any]:
 def _resolve_source(config: Config, source: dict[str, Any]) -> Config:
     fresh = validate_config(source, config._file)
     fresh._file = config._file
+    fresh._sync_for_other_stages = config._sync_for_other_stages
     return resolve_config(fresh)
 
 

@@ -48,7 +48,10 @@ def get_monitor(kind: str, config: Config, role: str, total_steps: int | None = 
         from trinity.monitor.console import ConsoleMonitor
 
         return ConsoleMonitor(
-            role, total_steps=total_steps or config.trainer.total_steps, use_rich=progress_bar(config, role)
+            role,
+            total_steps=total_steps or config.trainer.total_steps,
+            use_rich=progress_bar(config, role),
+            fields=console_fields(config),
         )
     hparams = config.model_dump(mode="json", include={"algorithm", "model", "buffer", "trainer"})
     flat = _flatten(hparams)
@@ -69,6 +72,20 @@ def get_monitor(kind: str, config: Config, role: str, total_steps: int | None = 
 
         return MlflowMonitor(config.project, config.name, role, log_dir=base, config=flat, monitor_args=args)
     raise ValueError(f"monitor.monitor_type {kind!r} is unknown; use tensorboard, console, wandb or mlflow")
+
+
+def console_fields(config: Config) -> tuple[str, ...]:
+    """What the console shows of a step: ``reward`` and ``loss`` for RL algorithms (schema
+    ``experience``), the ``loss`` alone for the others (SFT, DPO: their batches have no reward)."""
+    try:
+        from trinity.plugins import get_component
+
+        schema = getattr(
+            get_component("algorithm_type", config.algorithm.algorithm_type), "schema", "experience"
+        )
+    except Exception:  # an unknown algorithm fails elsewhere, with its own message
+        schema = "experience"
+    return ("reward", "loss") if schema == "experience" else ("loss",)
 
 
 def progress_bar(config: Config, role: str) -> bool | None:
@@ -103,4 +120,12 @@ def get_monitors(config: Config, role: str, total_steps: int | None = None) -> M
     )
 
 
-__all__ = ["Monitor", "MultiMonitor", "get_monitor", "get_monitors", "progress_bar", "scalar_metrics"]
+__all__ = [
+    "Monitor",
+    "MultiMonitor",
+    "console_fields",
+    "get_monitor",
+    "get_monitors",
+    "progress_bar",
+    "scalar_metrics",
+]

@@ -24,7 +24,7 @@ from trinity.config.errors import ConfigError
 from trinity.studio import configs
 from trinity.studio.experiences import Filters, SourceError, open_source
 from trinity.studio.jobs import JobManager
-from trinity.studio.runs import ScalarCache, find_runs
+from trinity.studio.runs import ScalarCache, config_files, find_runs, run_tokenizer
 from trinity.studio.schema import components, config_schema
 
 TOKEN_COOKIE = "trinity_studio_token"
@@ -137,6 +137,16 @@ def create_app(root: str, *, token: str | None = None, experience_file: str | No
             out[run_id] = state.scalars.scalars(path)
         return out
 
+    @app.get("/api/runs/config")
+    def run_config_files(run: str) -> dict[str, Any]:
+        """The resolved configs the launcher saved in the run's folder: ``{name: YAML text}``."""
+        path = state.run_path(run)
+        files = {}
+        for name in config_files(path):
+            with open(os.path.join(path, name), encoding="utf-8", errors="replace") as f:
+                files[name] = f.read()
+        return {"run": run, "files": files}
+
     # -- experiences ------------------------------------------------------------------------
     @app.get("/api/experiences/sources")
     def sources() -> list[str]:
@@ -166,11 +176,28 @@ def create_app(root: str, *, token: str | None = None, experience_file: str | No
 
     @app.get("/api/experiences/item")
     def experience_item(source: str, id: int, table: str | None = None, tokenizer: str | None = None) -> Any:
+        """One experience. Its tokens are decoded with ``tokenizer`` (a folder), else with the
+        tokenizer of the run whose folder holds the source (from the run's saved config),
+        loaded the first time an experience of that run is opened; ``tokenizer`` ``-`` shows
+        ids. ``tokenizer`` / ``tokenizer_error`` in the answer say which one, or why none."""
         src = state.source(source, table)
+        chosen = (tokenizer or "").strip()
+        error = None
+        if not chosen:
+            chosen = state.run_tokenizer_of(source) or ""
+        loaded = None
+        if chosen and chosen != "-":
+            try:
+                loaded = state.tokenizer(chosen)
+            except SourceError as exc:
+                if tokenizer:  # asked for by name: say it failed
+                    raise
+                error = f"{exc} (showing token ids)"
         try:
-            return src.item(id, state.tokenizer(tokenizer) if tokenizer else None)
+            out = src.item(id, loaded)
         except KeyError:
             raise HTTPException(404, f"no experience {id} in {source}") from None
+        return {**out, "tokenizer": chosen if chosen != "-" else None, "tokenizer_error": error}
 
     @app.get("/api/experiences/export")
     def experience_export(
@@ -289,16 +316,37 @@ class _State:
                 self._sources[key] = src
         return src
 
-    def tokenizer(self, path: str) -> Any:
-        with self._lock:
-            if path in self._tokenizers:
-                return self._tokenizers[path]
-        from transformers import AutoTokenizer
+    def run_tokenizer_of(self, source: str) -> str | None:
+        """The tokenizer of the run whose folder (under the root) holds the file ``source``."""
+        if "://" in source:
+            prefix = "sqlite:///"
+            if not source.startswith(prefix):
+                return None
+            source = source[len(prefix) :].split("?")[0]
+        path = os.path.abspath(os.path.expanduser(source))
+        if os.path.commonpath([path, self.root]) != self.root:
+            return None
+        folder = os.path.dirname(path)
+        while folder != self.root and os.path.commonpath([folder, self.root]) == self.root:
+            if config_files(folder):
+                return run_tokenizer(folder)
+            folder = os.path.dirname(folder)
+        return None
 
-        try:
-            tok = AutoTokenizer.from_pretrained(os.path.expanduser(path), local_files_only=True)
-        except Exception as exc:
-            raise SourceError(f"cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}") from None
+    def tokenizer(self, path: str) -> Any:
+        """The tokenizer in folder ``path``, loaded once (a failure is remembered too)."""
         with self._lock:
-            self._tokenizers[path] = tok
-        return tok
+            found = self._tokenizers.get(path)
+        if found is None:
+            from transformers import AutoTokenizer
+
+            try:
+                found = AutoTokenizer.from_pretrained(os.path.expanduser(path), local_files_only=True)
+            except Exception as exc:
+                lines = str(exc).strip().splitlines() or [type(exc).__name__]
+                found = SourceError(f"cannot load a tokenizer from {path}: {lines[0]}")
+            with self._lock:
+                self._tokenizers[path] = found
+        if isinstance(found, SourceError):
+            raise SourceError(str(found))
+        return found

@@ -106,6 +106,39 @@ def write_jsonl_experiences(path: str, count: int) -> None:
             f.write(experience_to_json(exp) + "\n")
 
 
+def write_demo_tokenizer(path: str) -> str:
+    """A character-level tokenizer in which a character's token id is its code (what the demo
+    experiences use: ``ord(c)``), saved at ``path``."""
+    from trinity.testing.tiny_model import build_tokenizer
+
+    build_tokenizer("".join(chr(c) for c in range(4, 127))).save_pretrained(path)
+    return path
+
+
+def write_demo_config(run_dir: str, root: str, project: str, name: str, model_path: str) -> None:
+    """The config a run saves in its folder (``config.yaml``, as ``trinity run`` writes it)."""
+    from trinity.config import Config
+
+    config = Config(
+        project=project,
+        name=name,
+        checkpoint_root_dir=root,
+        model={"model_path": model_path, "max_prompt_tokens": 8, "max_response_tokens": 16},
+        buffer={
+            "batch_size": 4,
+            "trainer_input": {
+                "experience_buffer": {
+                    "name": "experiences",
+                    "storage_type": "queue",
+                    "path": "sqlite:///" + os.path.join(run_dir, "buffer", "experiences.db"),
+                }
+            },
+        },
+    )
+    with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as f:
+        f.write("# The resolved config of this run (a demo).\n" + config.to_yaml())
+
+
 def make_demo_run(
     root: str,
     project: str = "demo",
@@ -114,11 +147,14 @@ def make_demo_run(
     experiences: int = 40,
     finished: bool = True,
 ) -> str:
-    """A run folder ``root/project/name`` (logs, scalars, an SQL buffer); returns its path.
+    """A run folder ``root/project/name`` (its saved config, logs, scalars, an SQL buffer, and a
+    tokenizer as its model); returns its path.
 
     ``finished``: its files are dated an hour back, so the studio infers ``finished``."""
     run_dir = os.path.join(root, project, name)
     os.makedirs(os.path.join(run_dir, "log"), exist_ok=True)
+    model = write_demo_tokenizer(os.path.join(run_dir, "model"))
+    write_demo_config(run_dir, root, project, name, model)
     for role in ("explorer", "trainer"):
         with open(os.path.join(run_dir, "log", f"{role}.log"), "w") as f:
             f.write(f"[{role}] started\n[{role}] finished {steps} steps\n")

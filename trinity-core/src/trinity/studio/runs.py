@@ -4,6 +4,12 @@ A run is a job folder ``<root>/<project>/[<group>/]<name>`` (a stage of a multi-
 ``<name>/<stage>``) holding what the launcher writes: ``log/`` (actor logs),
 ``monitor/tensorboard/<role>/`` (event files), ``global_step_N/`` checkpoints, ``buffer/``.
 
+The launcher also writes the resolved config a run started with (``config.yaml``;
+``config.explore.yaml`` / ``config.serve.yaml`` for the explore / serve job of a decoupled pair):
+the Runs page shows it, the Experiences page decodes tokens with its model's tokenizer, and it
+says why a run has no browsable experiences. A run "has data" once it has a checkpoint or a
+logged metric; a failed start without any is greyed on the page and never ticked by default.
+
 A run's status is what the launcher recorded in ``run_status.json`` (:mod:`trinity.run_status`;
 a ``running`` run whose process is gone is ``failed``). Runs from before that file existed get
 theirs from their files: ``running`` while a log or event file changed in the last
@@ -16,6 +22,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import struct
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -42,6 +49,9 @@ class RunInfo:
     roles: list[str] = field(default_factory=list)
     checkpoints: int = 0
     buffers: list[str] = field(default_factory=list)
+    config_files: list[str] = field(default_factory=list)  # names in the run folder
+    has_data: bool = False  # a checkpoint or a logged metric
+    buffer_note: str = ""  # why there is no experience buffer to browse, when there is none
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +118,7 @@ def describe_run(root: str, path: str, known_status: str | None = None) -> RunIn
             status = "failed"
     else:
         status, reason = _infer_status(path, updated)
+    configs = config_files(path)
     return RunInfo(
         id=os.path.relpath(path, root).replace(os.sep, "/"),
         path=path,
@@ -117,7 +128,88 @@ def describe_run(root: str, path: str, known_status: str | None = None) -> RunIn
         roles=roles,
         checkpoints=checkpoints,
         buffers=buffers,
+        config_files=configs,
+        has_data=checkpoints > 0 or any(_has_records(f) for f in watched if "tfevents" in f),
+        buffer_note="" if buffers else _buffer_note(path, configs),
     )
+
+
+CONFIG_FILES = ("config.yaml", "config.explore.yaml", "config.serve.yaml")
+
+
+def config_files(path: str) -> list[str]:
+    """The names of the resolved configs the launcher saved in the run folder ``path``."""
+    return [name for name in CONFIG_FILES if os.path.isfile(os.path.join(path, name))]
+
+
+_CONFIGS: dict[str, tuple[float, dict[str, Any] | None]] = {}
+
+
+def run_config(path: str) -> dict[str, Any] | None:
+    """The run's saved config (the first of :func:`config_files`) as a mapping; ``None`` when
+    there is none or it does not parse. Cached by modification time."""
+    import yaml
+
+    names = config_files(path)
+    if not names:
+        return None
+    file = os.path.join(path, names[0])
+    mtime = _mtime(file)
+    hit = _CONFIGS.get(file)
+    if hit and hit[0] == mtime:
+        return hit[1]
+    try:
+        with open(file, encoding="utf-8") as f:
+            data = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (OSError, yaml.YAMLError):
+        data = None
+    data = data if isinstance(data, dict) else None
+    _CONFIGS[file] = (mtime, data)
+    return data
+
+
+def run_tokenizer(path: str) -> str | None:
+    """The tokenizer of the run in ``path``: its saved config's experience-buffer tokenizer,
+    else its model (``model.model_path``)."""
+    config = run_config(path) or {}
+    buffer = ((config.get("buffer") or {}).get("trainer_input") or {}).get("experience_buffer") or {}
+    model = config.get("model") or {}
+    found = buffer.get("tokenizer_path") or model.get("tokenizer_path") or model.get("model_path")
+    return str(found) if found else None
+
+
+def _buffer_note(path: str, configs: list[str]) -> str:
+    """Why the run folder holds no experience buffer the Experiences page can open."""
+    config = run_config(path)
+    if config is None:
+        return "no experience buffer in the run folder" + ("" if configs else " (and no saved config)")
+    buffer = ((config.get("buffer") or {}).get("trainer_input") or {}).get("experience_buffer") or {}
+    kind, where = buffer.get("storage_type"), buffer.get("path")
+    schema = buffer.get("schema_type")
+    if config.get("mode") == "train" and schema in ("sft", "dpo", "cpt") and kind == "file":
+        return f"an {schema.upper()} stage: it trains on the dataset {where}, not on experiences"
+    if kind == "queue" and not where:
+        return (
+            "the queue buffer kept its experiences in memory only; give it a path "
+            "(buffer.trainer_input.experience_buffer.path: sqlite:///...) to keep them"
+        )
+    if where:
+        return f"the experiences are in {where}"
+    return "no experience buffer in the run folder"
+
+
+def _has_records(file: str) -> bool:
+    """Whether a TensorBoard event file holds more than its header record (a logged value).
+    A record is ``length (u64) · crc (u32) · data · crc (u32)``."""
+    try:
+        with open(file, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return False
+            (length,) = struct.unpack("<Q", head)
+            return os.path.getsize(file) > 8 + 4 + length + 4
+    except OSError:
+        return False
 
 
 def _infer_status(path: str, updated: float) -> tuple[str, str]:

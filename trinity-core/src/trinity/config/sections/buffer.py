@@ -165,7 +165,9 @@ class ExperienceBufferConfig(_StorageBase):
     """Where experiences go (explorer output) and come from (trainer input)."""
 
     storage_type: StorageType = F(
-        "queue", "`queue` (in memory, optional SQL backup), `sql` or `file` (jsonl)."
+        "queue",
+        "`queue` (in memory; `path` is its SQL backup, by default `<job_dir>/buffer/<name>.db` in "
+        "`both`/`colocate` jobs on a Ray of their own), `sql` or `file` (jsonl).",
     )
     capacity: int = F(10000, "Most experiences a queue holds.", ge=1)
     max_read_timeout: float = F(

@@ -82,10 +82,13 @@
     const detail = $("exp-detail");
     detail.replaceChildren(Studio.el("p", { class: "muted", text: `loading experience ${id}…` }));
     try {
+      // Empty: the studio decodes with the tokenizer of the run the buffer belongs to (its saved
+      // config's model), when it finds one; "-" shows ids.
       const tokenizer = $("exp-tokenizer") ? $("exp-tokenizer").value.trim() : S.tokenizer || "";
-      S.tokenizer = tokenizer;
       const d = await Studio.api("GET", "api/experiences/item?" + query({ id, ...(tokenizer ? { tokenizer } : {}) }));
+      S.tokenizer = d.tokenizer || tokenizer;
       S.detail = d;
+      const decoded = d.tokenizer_error ? d.tokenizer_error : d.pieces ? `tokens decoded with ${d.tokenizer}` : "tokens as ids: give a tokenizer folder (the model's) to see text";
       const modes = [["logprob", "logprob"], ["advantage", "advantage"], ["mask", "action mask"]];
       detail.replaceChildren(
         Studio.el("h3", { text: `Experience ${d.id}` }),
@@ -96,8 +99,9 @@
         Studio.el("h4", { text: "Response" }), Studio.el("div", { class: "textblock", text: d.response_text || "" }),
         Studio.el("h4", {}, "Tokens ", Studio.el("select", { id: "exp-colour", onchange: (e) => { S.colour = e.target.value; drawTokens(); } },
           modes.map(([v, t]) => Studio.el("option", { value: v, text: "colour by " + t, selected: v === S.colour })))),
-        Studio.el("div", { class: "row" }, Studio.el("input", { id: "exp-tokenizer", placeholder: "tokenizer folder (shows text instead of ids)", size: 34, value: tokenizer }),
+        Studio.el("div", { class: "row" }, Studio.el("input", { id: "exp-tokenizer", placeholder: "tokenizer folder (shows text instead of ids)", size: 34, value: S.tokenizer }),
           Studio.el("button", { onclick: () => openItem(id, row) }, "Decode")),
+        Studio.el("p", { id: "exp-decoded", class: d.tokenizer_error ? "message bad" : "muted", text: decoded }),
         Studio.el("div", { id: "exp-tokens", class: "tokens" }));
       drawTokens();
     } catch (error) { detail.replaceChildren(Studio.el("p", { class: "message bad", text: error.message })); }
@@ -109,11 +113,14 @@
         $("exp-open").addEventListener("click", () => { S.offset = 0; loadPage(); });
         $("exp-prev").addEventListener("click", () => { S.offset = Math.max(0, S.offset - S.limit); loadPage(); });
         $("exp-next").addEventListener("click", () => { S.offset += S.limit; loadPage(); });
-        $("exp-source").addEventListener("change", () => { $("exp-table").replaceChildren(); $("exp-table").hidden = true; });
+        $("exp-source").addEventListener("change", () => { $("exp-table").replaceChildren(); $("exp-table").hidden = true; S.tokenizer = ""; if ($("exp-tokenizer")) $("exp-tokenizer").value = ""; });
         Studio.api("GET", "api/experiences/sources").then((list) => $("exp-sources").replaceChildren(...list.map((s) => Studio.el("option", { value: s }))));
       }
       const source = params.get("source") || (first && Studio.info.experience_file) || "";
-      if (source) { $("exp-source").value = source; S.offset = 0; await loadPage(); }
+      if (source) {
+        if (source !== $("exp-source").value) { S.tokenizer = ""; if ($("exp-tokenizer")) $("exp-tokenizer").value = ""; }
+        $("exp-source").value = source; S.offset = 0; await loadPage();
+      }
       else if (first) loadPage();
     },
     state: S,

@@ -74,27 +74,40 @@
     S.runs = await Studio.api("GET", "api/runs");
     const body = $("runs-table").querySelector("tbody");
     body.replaceChildren();
-    if (!S.runs.length) body.append(Studio.el("tr", {}, Studio.el("td", { colspan: 7, class: "muted", text: `No runs under ${Studio.info.root} yet.` })));
-    if (!S.selected.size && S.runs.length) S.selected.add(S.runs[0].id);
+    if (!S.runs.length) body.append(Studio.el("tr", {}, Studio.el("td", { colspan: 8, class: "muted", text: `No runs under ${Studio.info.root} yet.` })));
+    // Tick the newest run with data (a checkpoint or a logged metric), not an empty failed start.
+    if (!S.selected.size && S.runs.length) S.selected.add((S.runs.find((r) => r.has_data) || S.runs[0]).id);
     for (const run of S.runs) {
       const box = Studio.el("input", { type: "checkbox", checked: S.selected.has(run.id), "data-run": run.id, onchange: (e) => { e.target.checked ? S.selected.add(run.id) : S.selected.delete(run.id); loadScalars(); } });
       const buffers = run.buffers.map((b) => Studio.el("a", { href: "#experiences?source=" + encodeURIComponent(b), text: b.split("/").pop() }));
-      body.append(Studio.el("tr", { "data-run": run.id },
+      const configs = run.config_files.map((name) => Studio.el("a", { href: "#", "data-config": name, text: name, onclick: (e) => { e.preventDefault(); showConfig(run.id, name); } }));
+      const note = run.has_data ? "" : " (no data)";
+      body.append(Studio.el("tr", { "data-run": run.id, class: run.has_data ? "" : "no-data", title: run.has_data ? "" : "nothing logged and no checkpoint: a start that failed early?" },
         Studio.el("td", {}, box),
-        Studio.el("td", { title: run.path, text: run.id }),
+        Studio.el("td", { title: run.path, text: run.id + note }),
         Studio.el("td", {}, Studio.el("span", { class: "badge " + run.status, title: run.status_reason, text: run.status })),
         Studio.el("td", { text: Studio.fmtTime(run.updated) }),
         Studio.el("td", { text: run.roles.join(", ") }),
         Studio.el("td", { text: run.checkpoints }),
-        Studio.el("td", {}, buffers.flatMap((a, i) => (i ? [", ", a] : [a])))));
+        Studio.el("td", {}, buffers.length ? buffers.flatMap((a, i) => (i ? [", ", a] : [a])) : Studio.el("span", { class: "muted buffer-note", title: run.buffer_note, text: run.buffer_note ? "none: " + run.buffer_note : "" })),
+        Studio.el("td", {}, configs.length ? configs.flatMap((a, i) => (i ? [", ", a] : [a])) : Studio.el("span", { class: "muted", text: "not saved" }))));
     }
     for (const id of [...S.selected]) if (!S.runs.some((r) => r.id === id)) S.selected.delete(id);
     await loadScalars();
   }
 
+  // The resolved config the launcher saved in the run folder, below the table.
+  async function showConfig(id, name) {
+    const data = await Studio.api("GET", "api/runs/config?run=" + encodeURIComponent(id));
+    $("runs-config-title").textContent = `${id}/${name}`;
+    $("runs-config-text").textContent = data.files[name] ?? "";
+    $("runs-config").hidden = false;
+  }
+
   Studio.pages.runs = {
     async show(params, first) {
       if (first) {
+        $("runs-config-close").addEventListener("click", () => { $("runs-config").hidden = true; });
         $("runs-refresh").addEventListener("click", () => { S.scalars = {}; refresh(); });
         $("runs-tag").addEventListener("change", drawCharts);
       }
