@@ -136,3 +136,28 @@ def test_eval_without_accuracy_shows_the_mean_reward():
     out = io.StringIO()
     ConsoleMonitor("explorer", total_steps=4, stream=out).log_eval({"eval/t/reward_mean": 0.25}, 0)
     assert out.getvalue() == "[explorer] eval at step 0: t reward_mean 0.2500\n"
+
+
+def test_a_handler_made_while_one_bar_was_up_respects_the_next(terminal, monkeypatch):
+    """A handler made while a bar is up holds the stand-in ``sys.stderr``; once that bar is gone,
+    its lines must still keep apart from the next stage's bar."""
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    first = ConsoleMonitor("trainer", total_steps=2, stream=terminal)
+    handler = logging.StreamHandler()  # sys.stderr now: the first bar's stand-in
+    logger = logging.getLogger("trinity.test_console_late")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        first.log({"actor/loss": 1.0}, 2)
+        first.close()
+        second = ConsoleMonitor("explorer", total_steps=2, stream=terminal)
+        second.log({"rollout/reward_mean": 0.5}, 1)
+        logger.warning("late warning")
+        second.log({"rollout/reward_mean": 0.75}, 2)
+        second.close()
+    finally:
+        logger.removeHandler(handler)
+    screen = [line for line in terminal.screen() if line]
+    assert "late warning" in screen, screen
+    assert screen[-1].startswith("explorer ━") and "2/2 reward 0.7500" in screen[-1], screen

@@ -198,15 +198,19 @@ def _isatty(stream: Any) -> bool:
 
 class _Guarded:
     """A stand-in for ``sys.stdout`` / ``sys.stderr`` (or a logging handler's stream) while a
-    bar is up: every write first clears the bar line when it goes to the terminal."""
+    bar is up: every write first clears the bar line when it goes to the terminal. A stand-in
+    that outlives its bar (a handler made while it was up keeps it) coordinates with whichever
+    bar is up when it writes, or writes straight through."""
 
-    def __init__(self, stream: TextIO, line: _BarLine) -> None:
+    def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        self._line = line
-        self._terminal = stream is line.stream or _isatty(stream)
+        self._tty = _isatty(stream)
 
     def write(self, text: str) -> int:
-        return self._line.write_through(self._stream, text, self._terminal)
+        line = _BarLine.active()
+        if line is None:
+            return self._stream.write(text)
+        return line.write_through(self._stream, text, self._tty or self._stream is line.stream)
 
     def writelines(self, lines: Any) -> None:
         for text in lines:
@@ -234,6 +238,11 @@ class _BarLine:
         self.lock = threading.RLock()
         self._saved_std: dict[str, Any] = {}
         self._saved_handlers: list[tuple[logging.StreamHandler, Any]] = []
+
+    @classmethod
+    def active(cls) -> _BarLine | None:
+        """The bar line that is up (there is one terminal), if any."""
+        return next((line for line in list(cls.lines.values()) if line.bars), None)
 
     @classmethod
     def get(cls, stream: TextIO) -> _BarLine:
@@ -313,23 +322,23 @@ class _BarLine:
         for name, stream in originals.items():
             if not isinstance(stream, _Guarded):
                 self._saved_std[name] = stream
-                setattr(sys, name, _Guarded(stream, self))
+                setattr(sys, name, _Guarded(stream))
         targets = {id(s): s for s in (*originals.values(), self.stream)}
         for handler in _stream_handlers():
             stream = getattr(handler, "stream", None)
             if id(stream) in targets and not isinstance(stream, _Guarded):
                 self._saved_handlers.append((handler, stream))
-                handler.stream = _Guarded(stream, self)
+                handler.stream = _Guarded(stream)
 
     def _uninstall(self) -> None:
         for name, stream in self._saved_std.items():
             current = getattr(sys, name)
-            if isinstance(current, _Guarded) and current._line is self:
+            if isinstance(current, _Guarded) and current._stream is stream:
                 setattr(sys, name, stream)
         self._saved_std.clear()
         for handler, stream in self._saved_handlers:
             current = getattr(handler, "stream", None)
-            if isinstance(current, _Guarded) and current._line is self:
+            if isinstance(current, _Guarded) and current._stream is stream:
                 handler.stream = stream
         self._saved_handlers.clear()
 
