@@ -85,6 +85,10 @@ class Workflow(ABC):
     can_reset: ClassVar[bool] = False
     can_repeat: ClassVar[bool] = False
     is_async: ClassVar[bool] = False
+    #: The ``workflow_args`` keys this workflow reads, if it declares them: a taskset giving
+    #: any other key then fails when the config loads, naming it. ``None``: ``workflow_args``
+    #: is a free mapping the workflow reads as it likes (nothing is checked).
+    WORKFLOW_ARGS: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(
         self,

@@ -86,18 +86,7 @@ def _resolve_component(algorithm: AlgorithmConfig, key: str, kind: str, algo_nam
         return
     cls = lookup_component(kind, name, f"algorithm.{key}")
     defaults = dict(cls.default_args())
-    params, accepts_any = _init_params(cls)
-    valid = sorted((set(params) | set(defaults)) - _INJECTED.get(kind, set()))
-    if not accepts_any:
-        for arg in user_args:
-            if arg not in valid:
-                hint = closest(arg, valid)
-                raise ConfigError(
-                    f"unknown argument {arg!r} of {kind} {name!r}"
-                    + (f"; did you mean {hint!r}?" if hint else "")
-                    + f" Valid arguments: {', '.join(valid) if valid else '(none)'}",
-                    key=f"algorithm.{args_key}.{arg}",
-                )
+    valid = check_init_args(cls, user_args, f"{kind} {name!r}", f"algorithm.{args_key}", _INJECTED.get(kind))
     mode = user_args.get("loss_agg_mode")
     if mode is not None and mode not in get_args(LossAggMode):
         raise ConfigError(
@@ -108,6 +97,34 @@ def _resolve_component(algorithm: AlgorithmConfig, key: str, kind: str, algo_nam
     if "loss_agg_mode" in valid and "loss_agg_mode" not in user_args:
         merged["loss_agg_mode"] = algorithm.loss_agg_mode
     setattr(algorithm, args_key, merged)
+
+
+def check_init_args(
+    cls: type, args: dict[str, Any], what: str, key: str, injected: set[str] | None = None
+) -> list[str]:
+    """The arguments ``cls`` is built with (its ``__init__`` keywords and ``default_args()``, less
+    ``injected``); an argument in ``args`` it does not take is a ConfigError at ``key.<arg>``
+    naming ``what`` (``reward_fn 'math_reward'``), unless ``__init__`` takes ``**kwargs``."""
+    params, accepts_any = _init_params(cls)
+    defaults = getattr(cls, "default_args", dict)()
+    valid = sorted((set(params) | set(defaults)) - (injected or set()))
+    if not accepts_any:
+        check_arg_names(args, valid, what, key)
+    return valid
+
+
+def check_arg_names(args: dict[str, Any], valid: list[str], what: str, key: str) -> None:
+    """An argument in ``args`` not in ``valid`` is a ConfigError at ``key.<arg>``: one line with
+    the closest valid name and all of them."""
+    for arg in args:
+        if arg not in valid:
+            hint = closest(arg, valid)
+            raise ConfigError(
+                f"unknown argument {arg!r} of {what}"
+                + (f"; did you mean {hint!r}?" if hint else ";")
+                + f" Valid arguments: {', '.join(valid) if valid else '(none)'}",
+                key=f"{key}.{arg}",
+            )
 
 
 def _init_params(cls: type) -> tuple[dict[str, bool], bool]:

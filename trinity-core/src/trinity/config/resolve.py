@@ -13,7 +13,13 @@ import math
 import os
 from typing import Any
 
-from trinity.config.algorithm_defaults import deep_merge, lookup_component, resolve_algorithm
+from trinity.config.algorithm_defaults import (
+    check_arg_names,
+    check_init_args,
+    deep_merge,
+    lookup_component,
+    resolve_algorithm,
+)
 from trinity.config.errors import ConfigError
 from trinity.config.models import Config
 from trinity.config.sections.algorithm import LR_SCHEDULES
@@ -255,6 +261,31 @@ def _resolve_taskset(c: Config, ts: TasksetConfig, key: str, index: int, *, is_e
         )
     if ts.default_reward_fn_type is None:
         ts.default_reward_fn_type = ei.default_reward_fn_type or b.default_reward_fn_type
+    _check_task_args(ts, key)
+
+
+def _check_task_args(ts: TasksetConfig, key: str) -> None:
+    """``reward_fn_args`` must be arguments of the reward function's constructor (the workflow
+    builds it with them: an unknown one failed every task at run time), and ``workflow_args``
+    among the workflow's ``WORKFLOW_ARGS`` where it declares them. Tasksets whose rows name
+    their own workflow or reward (``format.workflow_key`` / ``reward_fn_key``) are not checked."""
+    fmt, workflow = ts.format, None
+    if ts.default_workflow_type and not fmt.workflow_key:
+        workflow = lookup_component("workflow", ts.default_workflow_type, f"{key}.default_workflow_type")
+        declared = getattr(workflow, "WORKFLOW_ARGS", None)
+        if declared is not None:
+            what = f"workflow {ts.default_workflow_type!r}"
+            check_arg_names(ts.workflow_args, sorted(declared), what, f"{key}.workflow_args")
+    if not ts.reward_fn_args or fmt.reward_fn_key:
+        return
+    if ts.default_reward_fn_type:
+        reward = lookup_component("reward_fn", ts.default_reward_fn_type, f"{key}.default_reward_fn_type")
+        what = f"reward_fn {ts.default_reward_fn_type!r}"
+    else:  # the workflow's own reward function, if it has one
+        reward = getattr(workflow, "default_reward_fn", None)
+        what = f"{getattr(reward, '__name__', '')} (workflow {ts.default_workflow_type!r}'s reward)"
+    if isinstance(reward, type):
+        check_init_args(reward, ts.reward_fn_args, what, f"{key}.reward_fn_args")
 
 
 def _resolve_experience_buffer(c: Config, eb: ExperienceBufferConfig, key: str, default_name: str) -> None:
