@@ -233,6 +233,9 @@ def test_beginner_form_builds_the_quickstart_config_which_dry_runs(browser, stud
         "format": {"prompt_key": "question", "response_key": "answer"},
     }
     assert config["trainer"] == {"trainer_type": "native"}
+    (tmp_path / "model").mkdir()  # the dry run checks that the model and the data are there
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "data" / "rl").mkdir(parents=True)
     proc = subprocess.run(
         [sys.executable, "-m", "trinity.cli", "run", "--config", str(saved), "--dry-run"],
         capture_output=True,

@@ -495,7 +495,7 @@ def test_real_factory_builds_textworlds_gym_env(monkeypatch, games, tmp_path):
         make_alfworld_env(str(tmp_path / "missing" / "game.tw-pddl"))
 
 
-def test_registered_and_dry_run_without_the_extra():
+def test_registered_and_dry_run_without_the_extra(tmp_path):
     assert get_component("workflow", "alfworld_workflow") is AlfworldWorkflow
     assert get_component("workflow", "step_wise_alfworld_workflow") is StepWiseAlfworldWorkflow
     # In a fresh process: registration and `trinity run --dry-run` of Trinity-RFT's config import
@@ -512,8 +512,14 @@ def test_registered_and_dry_run_without_the_extra():
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('alfworld', 'textworld', 'spacy'))\n"
         "print('HEAVY', heavy)\n"
     )
-    env = {**os.environ, "TRINITY_MODEL_PATH": "/models/m", "TRINITY_CHECKPOINT_ROOT_DIR": "/tmp/c"}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    # The dry run checks the model folder and the taskset (a path relative to where it starts).
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "examples" / "grpo_alfworld" / "alfworld_data").mkdir(parents=True)
+    env = {**os.environ, "TRINITY_MODEL_PATH": str(tmp_path / "m"), "TRINITY_CHECKPOINT_ROOT_DIR": "/tmp/c"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "default_workflow_type: step_wise_alfworld_workflow" in out.stdout
     assert out.stdout.strip().endswith("HEAVY []")

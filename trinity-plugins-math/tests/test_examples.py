@@ -28,9 +28,13 @@ def test_example_dry_run(
     assert workflow in WORKFLOWS and reward_fn in REWARD_FNS
     trinity = shutil.which("trinity")
     assert trinity, "the `trinity` command is not installed (pip install -e ./trinity-core)"
+    # `trinity run --dry-run` checks that the model folder and the taskset are there.
+    (tmp_path / "my-qwen").mkdir()
+    (tmp_path / "my-qwen" / "config.json").write_text("{}")
+    (tmp_path / "tasks").mkdir()
     env = {
         **os.environ,
-        "MODEL_PATH": "/models/my-qwen",
+        "MODEL_PATH": str(tmp_path / "my-qwen"),
         "TRINITY_TASKSET_PATH": str(tmp_path / "tasks"),
         "TRINITY_CHECKPOINT_ROOT_DIR": str(tmp_path / "ckpt"),
     }
@@ -43,7 +47,7 @@ def test_example_dry_run(
     )
     assert out.returncode == 0, out.stderr
     resolved = out.stdout
-    assert "model_path: /models/my-qwen" in resolved
+    assert f"model_path: {tmp_path / 'my-qwen'}" in resolved
     assert f"path: {tmp_path / 'tasks'}" in resolved
     assert f"default_workflow_type: {workflow}" in resolved
     assert f"default_reward_fn_type: {reward_fn}" in resolved

@@ -170,6 +170,27 @@ def _load_config_or_exit(config_path: str):
         sys.exit(EXIT_CONFIG_ERROR)
 
 
+def _check_paths_or_exit(config, *, network: bool) -> None:
+    """The models and files the job reads are there (:mod:`trinity.config.paths`), checked
+    before Ray starts: otherwise one line and exit 2, like any config error."""
+    from trinity.config import ConfigError, stage_configs
+    from trinity.config.paths import check_paths
+
+    names = [stage.stage_name for stage in config.stages]
+    try:
+        for index, stage in enumerate(stage_configs(config)):
+            try:
+                # A later stage starts from the previous stage's weights, not model.model_path.
+                check_paths(stage, network=network, model_path=index == 0)
+            except ConfigError as exc:
+                if not names:
+                    raise
+                raise ConfigError(f"in stage {names[index]!r}: {exc.message}", key=exc.key) from None
+    except ConfigError as exc:
+        click.secho(f"Error: {exc.with_file(config._file)}", fg="red", err=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+
+
 @cli.command()
 @click.option(
     "-c",
@@ -194,6 +215,8 @@ def run(config_path: str, plugin_dirs: tuple[str, ...], dry_run: bool) -> None:
         sys.exit(EXIT_CONFIG_ERROR)
     _load_plugins_or_exit(plugin_dirs)
     config = _load_config_or_exit(config_path)
+    # The hub is asked whether it has a model only when the job starts (a dry run stays offline).
+    _check_paths_or_exit(config, network=not dry_run)
     if dry_run:
         click.echo(config.to_yaml(), nl=False)
         return

@@ -34,7 +34,13 @@ def test_every_config_option_has_the_short_form():
     assert {"run", "log"} <= set(checked)
 
 
-def test_run_dry_run_with_c_matches_config():
+def test_run_dry_run_with_c_matches_config(tmp_path, monkeypatch):
+    # The folders `run.py` makes: the dry run checks that the model and the data are there.
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    for data in ("rl", "practice", "sft"):
+        (tmp_path / "data" / data).mkdir(parents=True)
+    monkeypatch.setenv("QUICKSTART_DIR", str(tmp_path))
     runner = CliRunner()
     short = runner.invoke(cli, ["run", "-c", str(QUICKSTART), "--dry-run"])
     long = runner.invoke(cli, ["run", "--config", str(QUICKSTART), "--dry-run"])

@@ -30,9 +30,13 @@ Key names and defaults follow Trinity-RFT, so its configs load unchanged. Unknow
 that name the dotted key path and the closest valid key.
 
 Keys marked *derived* are filled in by `resolve_config` (run by `load_config`); leave them unset.
-`trinity run --config FILE --dry-run` prints the resolved configuration.
+`trinity run --config FILE --dry-run` prints the resolved configuration once it has checked that
+the model folders and data files the job reads are there (a Hugging Face id must be in the local
+cache under `HF_HUB_OFFLINE=1`); `trinity run` checks the same before Ray starts.
 Algorithm components left unset come from the algorithm type's `default_config()`, and each
-`*_args` mapping starts from the component's `default_args()` (see `trinity plugins`).
+`*_args` mapping starts from the component's `default_args()` (see `trinity plugins`). A taskset's
+`reward_fn_args` must be arguments of its reward function, and its `workflow_args` those the
+workflow lists in `WORKFLOW_ARGS` when it declares them.
 """
 
 
