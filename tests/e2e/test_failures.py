@@ -3,6 +3,7 @@ when an actor dies mid-run and when the user presses Ctrl-C."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sqlite3
@@ -97,14 +98,19 @@ def _ray_pids(driver_pid: int) -> set[int]:
     return {int(line.split()[0]) for line in out.splitlines() if session.search(line)}
 
 
-def _start(
-    root: Path, name: str, workflow: str, steps: int, env: dict[str, str], sample_strategy: str = "default"
-) -> subprocess.Popen:
+def _config(root: Path, name: str, workflow: str, steps: int, sample_strategy: str = "default") -> Path:
     config = root / f"{name}.yaml"
     text = CONFIG.format(
         root=root, name=name, workflow=workflow, steps=steps, sample_strategy=sample_strategy
     )
     config.write_text(textwrap.dedent(text))
+    return config
+
+
+def _start(
+    root: Path, name: str, workflow: str, steps: int, env: dict[str, str], sample_strategy: str = "default"
+) -> subprocess.Popen:
+    config = _config(root, name, workflow, steps, sample_strategy)
     return subprocess.Popen(
         [
             sys.executable,
@@ -166,6 +172,64 @@ def test_ctrl_c_or_sigterm_stops_the_job_cleanly(root, job_env, sig, code, name)
     assert not _wait_gone(proc.pid), "Ray processes were left running"
     status = read_run_status(root / "ckpt" / "e2e" / name)
     assert status["status"] == "interrupted" and status["reason"] == f"stopped by {sig.name}", status
+
+
+# examples/quickstart/run.py's wrapper running this module's job (as run.py runs the quickstart).
+WRAPPER = """
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("quickstart_run", {run_py!r})
+run = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run)
+command = [sys.executable, "-m", "trinity.cli", "run", "--config", {config!r}]
+sys.exit(run.run_to_the_end(command, dict(os.environ)))
+"""
+
+
+def _session_pids(sid: int) -> set[int]:
+    """Every process of session ``sid`` (Ray's servers, agents and actor workers included)."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid=,stat="], capture_output=True, text=True).stdout
+    return {
+        int(pid)
+        for pid, s, stat in (line.split() for line in out.splitlines())
+        if int(s) == sid and stat[0] != "Z"
+    }
+
+
+def test_ctrl_c_in_a_terminal_through_the_quickstart_wrapper_leaves_nothing_running(root, job_env):
+    # A terminal's Ctrl-C reaches its whole foreground process group: the wrapper (which then
+    # SIGKILLed trinity mid-shutdown in subprocess.call, leaving Ray's agents for ~1.5 min) and
+    # trinity run. The wrapper runs in a session of its own here; os.killpg is the Ctrl-C.
+    config = _config(root, "wrapped", "math_workflow", steps=1000)
+    run_py = Path(__file__).resolve().parents[2] / "examples" / "quickstart" / "run.py"
+    script = WRAPPER.format(run_py=str(run_py), config=str(config))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=job_env,
+        start_new_session=True,
+    )
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "[trainer] step 1/" in line:
+            break
+    else:
+        pytest.fail("the job ended before its first step: " + "".join(lines)[-3000:])
+    assert len(_session_pids(proc.pid)) > 3, "could not find the job's processes"
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(lines)[-2000:] + out[-2000:]
+    assert "[trinity] interrupted; actors stopped." in out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    deadline = time.monotonic() + 20
+    while _session_pids(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = _session_pids(proc.pid)
+    assert not left, subprocess.run(
+        ["ps", "-o", "pid,args", "-p", ",".join(map(str, left))], capture_output=True, text=True
+    ).stdout
 
 
 def test_ctrl_c_gives_back_the_rows_of_the_unfinished_train_step(root, job_env, tmp_path):
