@@ -76,3 +76,23 @@ def test_an_unknown_or_misplaced_operator_fails_at_load(upstream_env, tmp_path):
         (tmp_path / "job.yaml").write_text(base[:start] + replacement + base[end:])
         with pytest.raises(ConfigError, match=expected):
             load_config(tmp_path / "job.yaml")
+
+
+def test_the_task_pipeline_inputs_are_checked_not_the_taskset_it_writes(upstream_env, monkeypatch):
+    pytest.importorskip("openai", reason="llm_difficulty_score_filter talks to the scoring model with openai")
+    from trinity.config.paths import check_paths
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
+    model = upstream_env / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    monkeypatch.setenv("TRINITY_MODEL_PATH", str(model))
+    config = load_config(UPSTREAM / "grpo_gsm8k_task_pipeline" / "gsm8k.yaml")
+    # Its training taskset ('./outputs/task_pipeline_output/') is the pipeline's output: not there yet.
+    with pytest.raises(ConfigError) as info:
+        check_paths(config)
+    assert str(info.value) == (
+        f"data_processor.task_pipeline.inputs[0]: no such file or folder '{upstream_env / 'data'}'"
+    )
+    (upstream_env / "data").mkdir()
+    check_paths(config)

@@ -10,9 +10,10 @@ line naming the key (:class:`~trinity.config.ConfigError`, exit 2 like every con
   hold ``config.json``), or a Hugging Face id (``owner/name``) that is in the local cache or can
   be downloaded (not with ``HF_HUB_OFFLINE=1``; ``network=True`` also asks the hub whether it
   is reachable and has the model);
-- the data the job reads from files (``storage_type: file``): training tasksets and eval
-  tasksets when the stage explores, the trainer's experience buffer when no explorer of this
-  job writes it, its auxiliary buffers (e.g. SFT data).
+- the data the job reads from files (``storage_type: file``): training tasksets (or the task
+  pipeline's inputs, when a pipeline writes the first one) and eval tasksets when the stage
+  explores, the trainer's experience buffer when no explorer of this job writes it, its
+  auxiliary buffers (e.g. SFT data). Data-Juicer recipes are checked when the config loads.
 
 Kept light: nothing heavy is imported unless a hub id has to be looked up.
 """
@@ -59,10 +60,17 @@ def check_paths(config: Config, *, network: bool = False, model_path: bool = Tru
                 _check_model(aux.model_path, f"explorer.auxiliary_models[{i}].model_path", network)
         inputs = config.buffer.explorer_input
         groups = [("eval_tasksets", inputs.eval_tasksets)]
+        pipeline = None
         if config.mode not in ("bench", "serve"):
             groups.insert(0, ("tasksets", inputs.tasksets))
+            pipeline = _task_pipeline(config)
+        if pipeline is not None:
+            for i, path in enumerate(pipeline.inputs):
+                _check_data(path, f"data_processor.task_pipeline.inputs[{i}]", "task pipeline input")
         for group, tasksets in groups:
             for i, ts in enumerate(tasksets):
+                if pipeline is not None and group == "tasksets" and i == 0:
+                    continue  # the task pipeline writes it before the job starts
                 if ts.storage_type == "file":
                     _check_data(ts.path, f"buffer.explorer_input.{group}[{i}].path", "taskset")
     if config.mode in _TRAINS:
@@ -78,6 +86,14 @@ def check_paths(config: Config, *, network: bool = False, model_path: bool = Tru
         for name, aux in trainer_input.auxiliary_buffers.items():
             if aux.storage_type == "file":
                 _check_experiences(aux, f"buffer.trainer_input.auxiliary_buffers.{name}")
+
+
+def _task_pipeline(config: Config):
+    """The task pipeline that runs before the job (it writes the first training taskset), if any."""
+    from trinity.data.tasks import task_operators
+
+    tp = config.data_processor.task_pipeline if config.data_processor else None
+    return tp if tp is not None and task_operators(tp) else None
 
 
 def _uses_critic(config: Config) -> bool:
