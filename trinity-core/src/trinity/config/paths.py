@@ -59,7 +59,7 @@ def check_paths(config: Config, *, network: bool = False, model_path: bool = Tru
             if aux.model_path and aux.model_path not in follows_model:
                 _check_model(aux.model_path, f"explorer.auxiliary_models[{i}].model_path", network)
         inputs = config.buffer.explorer_input
-        groups = [("eval_tasksets", inputs.eval_tasksets)]
+        groups = [("eval_tasksets", inputs.eval_tasksets)] if config.mode != "serve" else []
         pipeline = None
         if config.mode not in ("bench", "serve"):
             groups.insert(0, ("tasksets", inputs.tasksets))
