@@ -774,6 +774,9 @@ def test_the_last_job_to_leave_a_queue_removes_it(ray_cluster, tmp_path, make_ex
     from trinity.buffer.factory import get_buffer_writer, join_queue, leave_queue
 
     config = _config(tmp_path, {"name": f"q{uuid.uuid4().hex[:8]}", "storage_type": "queue"})
+    # A queue without an SQL mirror, as on a shared cluster (a job on a Ray of its own gets one
+    # in its folder by default).
+    config.buffer.trainer_input.experience_buffer.path = None
     assert join_queue(config, "explore-job") and join_queue(config, "train-job")
     assert leave_queue(config, "explore-job") == (
         f"queue {config.buffer.trainer_input.experience_buffer.name!r} stays on the cluster for the 1 other "
