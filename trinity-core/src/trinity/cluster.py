@@ -322,6 +322,12 @@ def connect(config: Config) -> Any:
         # actor instead of the ones it started with the node (measured: ~1 s less start-up).
         for key, value in runtime_env["env_vars"].items():
             os.environ.setdefault(key, value)
+        # Ray starts its workers at niceness +15, so on a machine where anything else runs (a
+        # laptop, CI, a second job) the actors, which do all of the job's work, are starved
+        # first. Workers of a Ray the job starts run at the launching process's priority
+        # instead. Ray adds the value to the niceness its processes inherit from this one: set
+        # RAY_worker_niceness to lower the workers' priority by that much.
+        os.environ.setdefault("RAY_worker_niceness", "0")
         if "RAY_AUTH_MODE" not in os.environ:
             # What Ray does for a Ray it starts (token authentication, a token made if there is
             # none), chosen explicitly so Ray does not warn about it (with a link) on every start.

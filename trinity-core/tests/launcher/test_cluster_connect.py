@@ -154,6 +154,37 @@ def test_a_local_ray_gets_the_travelling_variables_by_inheritance_not_a_runtime_
     assert calls[1]["env"]["TOKENIZERS_PARALLELISM"] == "true"
 
 
+NICENESS_PROBE = """
+import os
+import ray
+from trinity.cluster import connect
+from trinity.config import Config
+
+connect(Config(ray_namespace="niceness-probe"))
+print("actor niceness", ray.get(ray.remote(lambda: os.nice(0)).remote()))
+ray.shutdown()
+"""
+
+
+@pytest.mark.parametrize(("env", "expected"), [({}, 3), ({"RAY_worker_niceness": "7"}, 10)])
+def test_workers_of_a_local_ray_run_at_the_launching_processs_priority(env, expected):
+    """Ray's default is niceness +15: on a busy machine the actors, which do the job's work,
+    would be starved first. A real Ray, started from a process at niceness 3; a value the user
+    sets is kept (Ray adds it to the niceness its processes inherit)."""
+    pytest.importorskip("ray")
+    import os
+    import subprocess
+    import sys
+
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import os; os.nice(3); exec({NICENESS_PROBE!r})"],
+        capture_output=True, text=True, timeout=180, env={**full_env, **env},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"actor niceness {expected}" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
 def test_a_local_ray_starts_without_the_autoscaler_monitor_and_log_monitor(monkeypatch):
     """The Ray a job starts for itself gets RayParams with both monitors off (what ``ray start
     --no-monitor --include-log-monitor false`` sets); other RayParams are left as Ray makes them."""
