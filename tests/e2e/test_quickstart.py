@@ -84,6 +84,17 @@ def test_quickstart_prints_accuracy_before_and_after_rl_and_where_results_are(qu
     assert (jobs / "arithmetic" / "grpo" / "global_step_30" / "model.safetensors").is_file()
 
 
+def test_quickstart_prints_a_snippet_that_uses_the_trained_model(quickstart):
+    proc, jobs = quickstart
+    lines = proc.stdout.split("use the trained model (transformers):\n", 1)[1].splitlines()
+    snippet = "\n".join(lines[:5])
+    assert str(jobs / "arithmetic" / "grpo" / "global_step_30") in snippet
+    assert "trinity studio --root" in proc.stdout
+    ran = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip(), "the snippet printed no answer"
+
+
 def test_quickstart_sft_loss_falls(quickstart):
     _, jobs = quickstart
     loss = scalars(jobs / "arithmetic" / "sft_warmup", "trainer")["actor/sft_loss"]

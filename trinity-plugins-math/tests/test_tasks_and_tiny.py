@@ -18,6 +18,7 @@ from trinity_math.tasks import (
     fact_rows,
     main,
     split,
+    untagged_solution,
     write_taskset,
 )
 from trinity_math.tiny import MATH_VOCAB_CHARS, create_math_model
@@ -142,12 +143,28 @@ def test_write_taskset_heads_the_sft_file_with_facts_and_cli_agrees(tmp_path: Pa
     # The quickstart's data, as its YAML's comment builds it by hand.
     three = arithmetic_problems(1000, terms=3, seed=0)
     train3, test3 = split(three, 100)
-    api3 = write_taskset(tmp_path / "api3", train3, test3, sft=300, facts=three)
+    api3 = write_taskset(tmp_path / "api3", train3, test3, sft=300, facts=three, untagged=225)
     cli3 = ["arithmetic", "--out", str(tmp_path / "cli3"), "--train", "900", "--test", "100"]
-    assert main([*cli3, "--sft", "300", "--facts", "--terms", "3"]) == 0
+    assert main([*cli3, "--sft", "300", "--untagged", "225", "--facts", "--terms", "3"]) == 0
     for name in ("train.jsonl", "test.jsonl", "sft/train.jsonl"):
         assert (tmp_path / "cli3" / name).read_text() == (tmp_path / "api3" / name).read_text()
     assert len(read_jsonl(api3["sft"])) == 190 + 300
+
+
+def test_untagged_solutions_end_with_the_bare_answer_which_math_reward_does_not_read(tmp_path: Path) -> None:
+    problems = arithmetic_problems(40, terms=3, seed=0)
+    train, test = split(problems, 10)
+    rows = read_jsonl(write_taskset(tmp_path, train, test, sft=8, untagged=6)["sft"])
+    assert [r["response"] for r in rows] == [untagged_solution(p.solution) for p in train[:6]] + [
+        p.solution for p in train[6:8]
+    ]
+    p = train[0]
+    assert untagged_solution(p.solution) == p.solution.split("<answer>")[0] + p.answer
+    reward = MathRewardFn(format_score=0.0)
+    assert reward(untagged_solution(p.solution), truth=p.answer)["accuracy"] == 0.0
+    assert reward(p.solution, truth=p.answer)["accuracy"] == 1.0
+    with pytest.raises(ValueError, match="untagged"):
+        write_taskset(tmp_path / "x", train, test, sft=2, untagged=3)
 
 
 def test_write_taskset_layout_and_disjoint_splits(tmp_path: Path) -> None:

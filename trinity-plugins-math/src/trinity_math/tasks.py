@@ -186,6 +186,13 @@ def fact_rows(problems: Iterable[Problem]) -> list[dict[str, str]]:
     return list(rows.values())
 
 
+def untagged_solution(solution: str) -> str:
+    """A worked solution that ends with the bare answer: ``<think>3+4=7,7+5=12</think>12``."""
+    head, _, rest = solution.partition("<answer>")
+    answer, _, tail = rest.partition("</answer>")
+    return head + answer + tail
+
+
 # -- countdown --------------------------------------------------------------------------------
 
 
@@ -322,12 +329,15 @@ def write_taskset(
     sft: int = 0,
     dpo: int = 0,
     facts: Sequence[Problem] = (),
+    untagged: int = 0,
 ) -> dict[str, Path]:
     """Write the taskset folder, plus ``sft/`` and ``dpo/`` files built from the first train problems.
 
     ``facts`` (arithmetic problems, test ones allowed) put their :func:`fact_rows` at the head of
     ``sft/train.jsonl``, before the ``sft`` worked solutions: a warm-up corpus that states facts
-    in another surface form than the task's prompts, which stay unseen.
+    in another surface form than the task's prompts, which stay unseen. The first ``untagged``
+    of those solutions end with the bare answer (:func:`untagged_solution`), as most text does,
+    instead of the ``<answer>`` tags the task's reward reads.
     """
     out = Path(out)
     if len(train) < max(sft, dpo):
@@ -339,7 +349,12 @@ def write_taskset(
         "test": write_jsonl(out / "test.jsonl", (p.row() for p in test)),
     }
     if sft or facts:
-        solutions = [{"prompt": p.question, "response": p.solution} for p in train[:sft]]
+        if untagged > sft:
+            raise ValueError(f"asked for {untagged} untagged SFT solutions but only {sft} SFT rows")
+        solutions = [
+            {"prompt": p.question, "response": untagged_solution(p.solution) if i < untagged else p.solution}
+            for i, p in enumerate(train[:sft])
+        ]
         paths["sft"] = write_jsonl(out / "sft" / "train.jsonl", fact_rows(facts) + solutions)
     if dpo:
         rows = (
@@ -360,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--test", type=int, default=100, help="test problems (default 100)")
         p.add_argument("--sft", type=int, default=0, help="SFT rows from the first train problems")
         p.add_argument("--dpo", type=int, default=0, help="DPO pairs from the first train problems")
+        p.add_argument(
+            "--untagged", type=int, default=0, help="of the SFT rows, how many end with the bare answer"
+        )
         if name == "arithmetic":
             p.add_argument(
                 "--facts",
@@ -393,7 +411,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         train, test = split(problems, args.test)
         facts = problems if getattr(args, "facts", False) else ()
-        paths = write_taskset(args.out, train, test, sft=args.sft, dpo=args.dpo, facts=facts)
+        paths = write_taskset(
+            args.out, train, test, sft=args.sft, dpo=args.dpo, facts=facts, untagged=args.untagged
+        )
     except ValueError as exc:
         parser.error(str(exc))
     for kind, path in paths.items():
