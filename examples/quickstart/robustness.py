@@ -66,7 +66,9 @@ def greedy_accuracy(model_path: Path, rows: list[dict]) -> dict[str, float]:
     """Greedy held-out accuracy by the reward's rule (``<answer>`` tags) and format-blind."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per checkpoint says nothing here
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path).eval()
