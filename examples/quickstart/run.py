@@ -75,6 +75,9 @@ def prepare(work: Path, seed: int = 0) -> None:
     unsolved = train[SFT_PROBLEMS:]
     write_jsonl(work / "data" / "rl" / "train.jsonl", (p.row() for p in unsolved))
     write_jsonl(work / "data" / "practice" / "train.jsonl", (p.row() for p in unsolved[:PRACTICE_PROBLEMS]))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a "Writing model shards" bar for a 1 MB file says nothing
     create_math_model(work / "model", seed=seed, **MODEL)
     print(
         f"[quickstart] {len(train)} train / {len(test)} held-out test problems and "
