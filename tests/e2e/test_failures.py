@@ -150,19 +150,23 @@ def test_dead_actor_fails_the_job_cleanly(root, job_env):
     assert status["status"] == "failed" and "an actor died" in status["reason"]
 
 
+def _read_until_first_step(proc: subprocess.Popen) -> list[str]:
+    """The job's output lines up to its first training step (the job is then under way)."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "[trainer] step 1/" in line:
+            return lines
+    pytest.fail("the job ended before its first step: " + "".join(lines)[-3000:])
+
+
 @pytest.mark.parametrize(
     ("sig", "code", "name"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
 )
 def test_ctrl_c_or_sigterm_stops_the_job_cleanly(root, job_env, sig, code, name):
     proc = _start(root, name, "math_workflow", steps=1000, env=job_env)
     # Wait until training is under way, then press Ctrl-C (or stop it as a scheduler would).
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "[trainer] step 1/" in line:
-            break
-    else:
-        pytest.fail("the job ended before its first step: " + "".join(lines)[-3000:])
+    lines = _read_until_first_step(proc)
     # The job's own Ray servers are found while it runs (so the check below can fail).
     assert _ray_pids(proc.pid), "could not find the job's Ray processes"
     proc.send_signal(sig)
@@ -210,13 +214,7 @@ def test_ctrl_c_in_a_terminal_through_the_quickstart_wrapper_leaves_nothing_runn
         env=job_env,
         start_new_session=True,
     )
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "[trainer] step 1/" in line:
-            break
-    else:
-        pytest.fail("the job ended before its first step: " + "".join(lines)[-3000:])
+    lines = _read_until_first_step(proc)
     assert len(_session_pids(proc.pid)) > 3, "could not find the job's processes"
     os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)

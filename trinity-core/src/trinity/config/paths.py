@@ -25,6 +25,7 @@ import re
 from typing import TYPE_CHECKING
 
 from trinity.config.errors import ConfigError
+from trinity.placement import runs
 
 if TYPE_CHECKING:
     from trinity.config import Config
@@ -32,9 +33,6 @@ if TYPE_CHECKING:
 # ``owner/name`` as the hub accepts it (huggingface_hub's validate_repo_id, with its one slash).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
 _TRUE = ("1", "on", "yes", "true")
-# Modes that start the explorer / trainer actors (trinity.placement._ROLE_MODES).
-_EXPLORES = ("both", "explore", "bench", "serve", "colocate")
-_TRAINS = ("both", "train", "colocate")
 
 
 def check_paths(config: Config, *, network: bool = False, model_path: bool = True) -> None:
@@ -45,16 +43,13 @@ def check_paths(config: Config, *, network: bool = False, model_path: bool = Tru
     follows_model = {model.model_path} if not model_path else set()
     if model_path:
         _check_model(model.model_path, "model.model_path", network)
-    if (
-        config.mode in _TRAINS
-        and model.critic_model_path not in follows_model | {model.model_path}
-        and _uses_critic(config)
-    ):
+    explores, trains = runs(config, "explorer"), runs(config, "trainer")
+    if trains and model.critic_model_path not in follows_model | {model.model_path} and _uses_critic(config):
         _check_model(model.critic_model_path, "model.critic_model_path", network)
     for i, lora in enumerate(model.lora_configs or []):
         if lora.path:
             _check_model(lora.path, f"model.lora_configs[{i}].path", network, marker=None)
-    if config.mode in _EXPLORES:
+    if explores:
         for i, aux in enumerate(config.explorer.auxiliary_models):
             if aux.model_path and aux.model_path not in follows_model:
                 _check_model(aux.model_path, f"explorer.auxiliary_models[{i}].model_path", network)
@@ -73,7 +68,7 @@ def check_paths(config: Config, *, network: bool = False, model_path: bool = Tru
                     continue  # the task pipeline writes it before the job starts
                 if ts.storage_type == "file":
                     _check_data(ts.path, f"buffer.explorer_input.{group}[{i}].path", "taskset")
-    if config.mode in _TRAINS:
+    if trains:
         trainer_input = config.buffer.trainer_input
         eb = trainer_input.experience_buffer
         if eb is not None:
@@ -126,35 +121,24 @@ def hub_offline() -> str | None:
 
 def hub_cache_dir() -> str:
     """The local Hugging Face hub cache (where downloaded models are)."""
-    try:
-        from huggingface_hub import constants
+    from huggingface_hub import constants
 
-        return str(constants.HF_HUB_CACHE)
-    except ImportError:
-        home = os.environ.get("HF_HOME") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
-        )
-        return os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub")
+    return str(constants.HF_HUB_CACHE)
 
 
 def in_hub_cache(repo_id: str) -> bool:
     """Whether the hub cache holds a snapshot of model ``repo_id`` (its ``config.json``)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        folder = os.path.join(hub_cache_dir(), "models--" + repo_id.replace("/", "--"), "snapshots")
-        return os.path.isdir(folder) and any(os.scandir(folder))
+    from huggingface_hub import try_to_load_from_cache
+
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
 def hub_problem(repo_id: str) -> str | None:
     """Why model ``repo_id`` cannot be downloaded now (the hub unreachable, no such model), or
     ``None``. Other answers (rate limits, server errors) are not held against it."""
-    try:
-        from huggingface_hub import HfApi
-        from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
-    except ImportError:
-        return None
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
     try:
         HfApi().model_info(repo_id, timeout=10)
     except RepositoryNotFoundError:
