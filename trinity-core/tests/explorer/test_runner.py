@@ -187,7 +187,8 @@ def test_hanging_workflow_times_out_and_the_step_goes_on(cls):
     assert "max_timeout" in hung.error
     assert good.ok
     metrics = summarize_results(results)
-    assert metrics["rollout/failed_tasks"] == 1.0 and metrics["rollout/timeout_tasks"] == 1.0
+    # Disjoint: a timed-out task is counted as a timeout, not also as failed.
+    assert metrics["rollout/failed_tasks"] == 0.0 and metrics["rollout/timeout_tasks"] == 1.0
 
 
 @pytest.mark.parametrize("out", ["a string", None, {"tokens": [1]}])
@@ -233,7 +234,7 @@ def test_a_task_left_without_experiences_is_counted_and_logged_as_empty(cls, cap
     assert empty.ok and empty.empty and not good.empty
     assert summarize_results(results)["rollout/empty_tasks"] == 1.0
     assert any("task t#5 gave no experience" in r.getMessage() for r in caplog.records)
-    assert failure_report(results).startswith("0 of 2 tasks failed, 1 gave no experience")
+    assert failure_report(results).startswith("1 of 2 tasks gave no experience (1 empty)")
 
 
 def test_failure_report_names_counts_and_the_first_error_in_one_line():
@@ -243,7 +244,8 @@ def test_failure_report_names_counts_and_the_first_error_in_one_line():
     line = failure_report(results)
     assert "\n" not in line
     assert line == (
-        "2 of 4 tasks failed (1 timed out), 1 gave no experience; first: t#1: RuntimeError: boom in workflow"
+        "3 of 4 tasks gave no experience (1 failed, 1 timed out, 1 empty); "
+        "first: t#1: RuntimeError: boom in workflow"
     )
     assert failure_report(results[:1]) is None
 

@@ -11,10 +11,14 @@ sync ones in their own threads). For each task a runner:
 - gives the whole task ``max_timeout`` seconds, and retries it ``max_retry_times`` times when
   it raises, times out or returns something that is not a list. After that the task is
   skipped: the step goes on, the failure is logged with the task id and traceback, and
-  counted (``rollout/failed_tasks``);
+  counted by how its last attempt ended: ``rollout/timeout_tasks`` when it timed out,
+  ``rollout/failed_tasks`` otherwise (it raised, or returned something that is not a list);
 - checks each returned item: one that is not an Experience, or whose reward is NaN or
   infinite, is dropped, logged and counted (``rollout/dropped_experiences``); a task left with
   no experience is logged and counted as empty (``rollout/empty_tasks``).
+
+So every task that gives nothing to train on is counted once: failed, timed out, empty, or
+(over_rollout) ``rollout/over_rollout/dropped_tasks``; see :func:`summarize_results`.
 
 A hung synchronous workflow cannot be killed from Python: its thread is a daemon that is
 abandoned (it never blocks process exit), and its workflow instance is never reused.
@@ -71,6 +75,8 @@ class TaskResult:
     experiences: list[Experience] = field(default_factory=list)
     error: str | None = None
     attempts: int = 0
+    # The last attempt timed out (an earlier attempt's timeout that a retry ended otherwise
+    # does not count).
     timed_out: bool = False
     seconds: float = 0.0
     # Items of the workflow's output that were dropped, by reason ("not an Experience", ...).
@@ -88,6 +94,19 @@ class TaskResult:
     def empty(self) -> bool:
         """The task ran, but left no experience (it returned none, or all were dropped)."""
         return self.ok and not self.experiences and not self.cancelled
+
+    @property
+    def outcome(self) -> str:
+        """How the task ended, one of :data:`OUTCOMES`: ``"ok"`` (it gave experiences, maybe
+        partial ones), ``"failed"`` (skipped: its last attempt raised or returned something that
+        is not a list), ``"timeout"`` (skipped: its last attempt timed out), ``"empty"`` (it
+        returned a list, but nothing in it can be trained on) or ``"cancelled"`` (over_rollout
+        ended it with nothing kept). Every task has exactly one."""
+        if not self.ok:
+            return "timeout" if self.timed_out else "failed"
+        if self.experiences:
+            return "ok"
+        return "cancelled" if self.cancelled else "empty"
 
     @property
     def first_error_line(self) -> str:
@@ -264,6 +283,7 @@ class WorkflowRunner:
         self.completed_runs = []
         for attempt in range(1, self.max_retry_times + 2):
             result.attempts = attempt
+            result.timed_out = False  # counted by how the last attempt ended
             seed_calls = getattr(self.model, "seed_calls", None)
             if seed_calls is not None:  # the task's samples depend on the task, not on timing
                 seed_calls(f"{task_id(task)}/v{self.model.model_version}/attempt{attempt}")
@@ -501,50 +521,75 @@ def _as_list(entry: Any, what: str) -> list[Any]:
     return items
 
 
+OUTCOMES = ("ok", "failed", "timeout", "empty", "cancelled")
+"""The values of :attr:`TaskResult.outcome`."""
+
+
 def summarize_results(results: list[TaskResult], prefix: str = "rollout") -> dict[str, float]:
-    """Failure counters of a step: ``<prefix>/failed_tasks``, ``timeout_tasks``,
-    ``retried_tasks``, ``empty_tasks`` (ran, no experience left), ``dropped_experiences``; when
-    over_rollout ended tasks early, also ``finished_task_count``, ``over_rollout/dropped_tasks``
-    (nothing kept) and ``over_rollout/partial_tasks`` (their completed runs kept, also counting
-    tasks kept partial after a failed attempt)."""
+    """Failure counters of a step. The tasks that give nothing to train on are counted in
+    exactly one of these (they add up to the step's tasks without experience):
+
+    * ``<prefix>/failed_tasks``: skipped after their last attempt raised or returned something
+      that is not a list (timeouts not included);
+    * ``<prefix>/timeout_tasks``: skipped after their last attempt timed out;
+    * ``<prefix>/empty_tasks``: returned a list, but nothing in it can be trained on (an empty
+      list, or every item dropped);
+    * ``<prefix>/over_rollout/dropped_tasks`` (only when over_rollout ended tasks early):
+      cancelled with nothing kept.
+
+    Also ``retried_tasks`` (needed more than one attempt, however they ended),
+    ``dropped_experiences`` (items dropped: not an Experience, or a reward that is not a finite
+    number) and, with over_rollout, ``finished_task_count`` and ``over_rollout/partial_tasks``
+    (their completed runs kept, also counting tasks kept partial after a failed attempt)."""
+    outcomes = Counter(r.outcome for r in results)
     out = {
-        f"{prefix}/failed_tasks": float(sum(not r.ok for r in results)),
-        f"{prefix}/timeout_tasks": float(sum(r.timed_out and not r.ok for r in results)),
+        f"{prefix}/failed_tasks": float(outcomes["failed"]),
+        f"{prefix}/timeout_tasks": float(outcomes["timeout"]),
         f"{prefix}/retried_tasks": float(sum(r.attempts > 1 for r in results)),
-        f"{prefix}/empty_tasks": float(sum(r.empty for r in results)),
+        f"{prefix}/empty_tasks": float(outcomes["empty"]),
         f"{prefix}/dropped_experiences": float(sum(sum(r.dropped.values()) for r in results)),
     }
     if any(r.cancelled or r.partial for r in results):
         out[f"{prefix}/finished_task_count"] = float(sum(not r.cancelled for r in results))
-        out[f"{prefix}/over_rollout/dropped_tasks"] = float(
-            sum(r.cancelled and not r.partial for r in results)
-        )
+        out[f"{prefix}/over_rollout/dropped_tasks"] = float(outcomes["cancelled"])
         out[f"{prefix}/over_rollout/partial_tasks"] = float(sum(r.partial for r in results))
     return out
 
 
 def failure_report(results: list[TaskResult]) -> str | None:
-    """One line about a step's failed, timed-out and empty tasks, naming the first error with
-    its task id; ``None`` when every task gave experiences."""
-    failed = [r for r in results if not r.ok]
-    empty = [r for r in results if r.empty]
+    """One line about a step's tasks that gave nothing to train on, and its dropped results:
+    ``6 of 8 tasks gave no experience (3 failed, 1 timed out, 2 empty), 2 results dropped
+    (2 not an Experience); first: t#1: ValueError: ...``. The counts in brackets are those of
+    :func:`summarize_results` and add up to the first number (tasks over_rollout ended with
+    nothing kept are in it too, as ``ended by over_rollout``, when the line is printed anyway).
+    The first error is named with its task id. ``None`` when no task failed, timed out or came
+    back empty and no result was dropped."""
+    outcomes = Counter(r.outcome for r in results)
     dropped = sum(sum(r.dropped.values()) for r in results)
-    if not failed and not empty and not dropped:
+    if not (outcomes["failed"] or outcomes["timeout"] or outcomes["empty"] or dropped):
         return None
-    timed_out = sum(r.timed_out for r in failed)
-    parts = [f"{len(failed)} of {len(results)} tasks failed"]
-    if timed_out:
-        parts[0] += f" ({timed_out} timed out)"
-    if empty:
-        parts.append(f"{len(empty)} gave no experience")
+    names = {
+        "failed": "failed",
+        "timeout": "timed out",
+        "empty": "empty",
+        "cancelled": "ended by over_rollout",
+    }
+    kinds = [f"{outcomes[kind]} {name}" for kind, name in names.items() if outcomes[kind]]
+    unusable = sum(outcomes[kind] for kind in names)
+    line = f"{unusable} of {len(results)} tasks gave no experience"
+    if kinds:
+        line += " (" + ", ".join(kinds) + ")"
     if dropped:
-        reasons = Counter()
+        reasons: Counter[str] = Counter()
         for r in results:
             reasons.update(r.dropped)
-        parts.append(
-            f"{dropped} results dropped (" + ", ".join(f"{n} {why}" for why, n in reasons.most_common()) + ")"
+        line += (
+            f", {dropped} results dropped ("
+            + ", ".join(f"{n} {why}" for why, n in reasons.most_common())
+            + ")"
         )
-    line = ", ".join(parts)
+    failed = [r for r in results if not r.ok]
+    empty = [r for r in results if r.empty]
     if failed:
         line += f"; first: {task_id(failed[0].task)}: {failed[0].first_error_line}"
     elif empty:
