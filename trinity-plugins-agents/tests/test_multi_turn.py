@@ -253,12 +253,27 @@ def test_max_model_len_without_a_tokenizer_is_checked_on_returned_tokens():
 
 
 def test_the_model_wrappers_max_model_len_is_the_default():
-    model = scripted_model(plus_one)
-    model.max_model_len = 10  # a wrapper that exposes the rollout model's limit
+    model = scripted_model(plus_one, max_model_len=10)  # the rollout model's limit, as configured
+    assert model.max_model_len == 10
     with pytest.raises(ValueError, match="max_model_len 10"):
         asyncio.run(Counter(task=task(), model=model).run_async())
     workflow = Counter(task=task(max_model_len=99), model=model)
     assert workflow.resolve_max_model_len() == 99
+
+
+def test_a_conversation_past_max_prompt_tokens_ends_as_the_engine_would_mask_the_next_turn():
+    _, probe, _ = play(target=3)
+    engine = probe.engine
+    lengths = [len(engine.encode(engine.apply_chat_template(c["messages"]))) for c in engine.calls]
+    # Room for the first two prompts only: the third turn's prompt is over max_prompt_tokens.
+    model = scripted_model(plus_one, max_prompt_tokens=lengths[1], max_model_len=lengths[1] + 50)
+    [exp] = asyncio.run(Counter(task=task(3), model=model).run_async())
+    assert exp.info["env_steps"] == 2 and exp.info["terminate_reason"] == "max_model_len"
+    assert len(model.engine.calls) == 2 and exp.tokens.shape[0] <= lengths[1] + 50
+    # Without enable_prompt_truncation the engine samples such a prompt: the episode runs on.
+    model.engine.enable_prompt_truncation = False
+    [exp] = asyncio.run(Counter(task=task(3), model=model).run_async())
+    assert exp.info["env_steps"] == 3 and exp.info["terminate_reason"] == "done"
 
 
 def test_sync_run_and_reset_reuse_the_instance():

@@ -220,3 +220,50 @@ def test_stage_errors_name_the_stage(write_yaml) -> None:
     message = str(info.value)
     assert "in stage 'rft'" in message and "repeat_times must be at least 2" in message
     assert message.startswith(str(path) + ": ")
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        # (max_model_len, max_prompt_tokens, max_response_tokens, min_response_tokens) -> resolved
+        ((None, 64, 32, 0), (96, 64, 32, 0)),
+        ((4096, None, None, 0), (4096, 2048, 2048, 0)),  # half each, the prompt gets the floor
+        ((4097, None, None, 0), (4097, 2048, 2049, 0)),
+        ((12288, None, 8192, 0), (12288, 4096, 8192, 0)),  # upstream's grpo_toolcall
+        ((100, None, 500, 0), (100, 1, 99, 0)),  # the response leaves the prompt one token
+        ((100, 30, None, 0), (100, 30, 70, 0)),
+        ((100, 500, None, 0), (100, 99, 1, 0)),
+        ((100, 50, 10, 10), (100, 50, 10, 9)),  # min_response_tokens lowered below the max
+    ],
+)
+def test_token_limits_follow_trinity_rfts_rules(given, expected) -> None:
+    model = {"model_path": "m", "min_response_tokens": given[3]}
+    model.update({k: v for k, v in zip(("max_model_len", "max_prompt_tokens", "max_response_tokens"), given)
+                  if v is not None})  # fmt: skip
+    config = resolve_config(
+        Config(model=model, buffer={"batch_size": 1, "explorer_input": {"tasksets": [{"path": "t.jsonl"}]}})
+    )
+    m, rm = config.model, config.explorer.rollout_model
+    assert (m.max_model_len, m.max_prompt_tokens, m.max_response_tokens, m.min_response_tokens) == expected
+    assert (
+        rm.max_model_len,
+        rm.max_prompt_tokens,
+        rm.max_response_tokens,
+        rm.min_response_tokens,
+    ) == expected
+
+
+def test_auxiliary_models_inherit_the_limits_or_split_their_own() -> None:
+    config = resolve_config(
+        Config(
+            model={"model_path": "m", "max_model_len": 1000, "max_response_tokens": 200},
+            explorer={
+                "auxiliary_models": [{"model_path": "judge"}, {"model_path": "rm", "max_model_len": 64}]
+            },
+            buffer={"batch_size": 1, "explorer_input": {"tasksets": [{"path": "t.jsonl"}]}},
+        )
+    )
+    judge, rm = config.explorer.auxiliary_models
+    assert (judge.max_model_len, judge.max_prompt_tokens, judge.max_response_tokens) == (1000, 800, 200)
+    assert (rm.max_model_len, rm.max_prompt_tokens, rm.max_response_tokens) == (64, 32, 32)
+    assert judge.enable_prompt_truncation is True

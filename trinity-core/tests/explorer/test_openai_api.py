@@ -47,7 +47,7 @@ def test_openai_client_matches_the_engine_and_the_history(engine):
         assert lps == pytest.approx(history[1].logprobs.tolist(), abs=1e-6)
         assert [m.id for m in client.models.list()] == ["tiny"]
         # Greedy decoding: the API and a direct chat give the same reply.
-        greedy = client.chat.completions.create(model="anything", messages=HELLO, temperature=0, max_tokens=8)
+        greedy = client.chat.completions.create(model="tiny", messages=HELLO, temperature=0, max_tokens=8)
         assert (
             greedy.choices[0].message.content
             == model.chat(HELLO, temperature=0, max_tokens=8)[0].response_text
@@ -64,7 +64,7 @@ def test_async_openai_client(engine):
     async def ask():
         client = model.get_openai_async_client()
         try:
-            return await client.chat.completions.create(model="x", messages=HELLO, max_tokens=4, seed=1)
+            return await client.chat.completions.create(model="rollout", messages=HELLO, max_tokens=4, seed=1)
         finally:
             await client.close()
 
@@ -88,7 +88,9 @@ def test_api_key_is_required_when_configured(engine):
             urllib.request.urlopen(request, timeout=30)
         assert err.value.code == 401 and "api_key" in json.loads(err.value.read())["error"]["message"]
         assert (
-            model.get_openai_client().chat.completions.create(model="x", messages=HELLO, max_tokens=2).choices
+            model.get_openai_client()
+            .chat.completions.create(model="rollout", messages=HELLO, max_tokens=2)
+            .choices
         )
         wrong = openai.OpenAI(base_url=model.base_url, api_key="guess", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
@@ -328,7 +330,7 @@ def test_stream_matches_the_whole_reply(engine):
     model = ModelWrapper(engine, enable_history=True)
     try:
         client = model.get_openai_client()
-        args = {"model": "x", "messages": HELLO, "max_tokens": 12, "seed": 7, "logprobs": True, "n": 2}
+        args = {"model": "rollout", "messages": HELLO, "max_tokens": 12, "seed": 7, "logprobs": True, "n": 2}
         whole = client.chat.completions.create(**args)
         chunks = list(
             client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True})
@@ -357,7 +359,7 @@ def test_api_calls_are_seeded_per_task_like_chat(engine):
 
         def api_reply():
             return (
-                client.chat.completions.create(model="x", messages=HELLO, max_tokens=10)
+                client.chat.completions.create(model="rollout", messages=HELLO, max_tokens=10)
                 .choices[0]
                 .message.content
             )

@@ -381,8 +381,8 @@ def scripted():
 
 def _plain_and_streamed(model, client, **request):
     """The plain answer, the streamed chunks of the same reply, and both records (equal)."""
-    whole = client.chat.completions.create(model="m", logprobs=True, **request)
-    chunks = list(client.chat.completions.create(model="m", logprobs=True, stream=True, **request))
+    whole = client.chat.completions.create(model="rollout", logprobs=True, **request)
+    chunks = list(client.chat.completions.create(model="rollout", logprobs=True, stream=True, **request))
     plain, streamed = model.extract_experience_from_history()
     _assert_same_record(plain, streamed)
     deltas = _by_choice(chunks)[0]

@@ -155,7 +155,7 @@ def _check_record(exp, engine, k, messages, tools=None):
 
 def test_tool_call_is_parsed_and_recorded_exactly(served):
     model, client = served([f"Checking.{CALL}"])
-    completion = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], logprobs=True)
+    completion = client.chat.completions.create(model="rollout", messages=ASK, tools=[WEATHER], logprobs=True)
     [choice] = completion.choices
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content == "Checking."
@@ -184,16 +184,16 @@ def test_multiple_calls_none_and_malformed(served):
     broken = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"</tool_call>'
     model, client = served([two, "It is sunny.", broken])
 
-    first = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], tool_choice="auto")
+    first = client.chat.completions.create(model="rollout", messages=ASK, tools=[WEATHER], tool_choice="auto")
     calls = first.choices[0].message.tool_calls
     assert [json.loads(c.function.arguments)["city"] for c in calls] == ["Paris", "Rome"]
     assert first.choices[0].message.content is None and len({c.id for c in calls}) == 2
 
-    plain = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER])
+    plain = client.chat.completions.create(model="rollout", messages=ASK, tools=[WEATHER])
     assert plain.choices[0].message.tool_calls is None
     assert (plain.choices[0].message.content, plain.choices[0].finish_reason) == ("It is sunny.", "stop")
 
-    bad = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER])
+    bad = client.chat.completions.create(model="rollout", messages=ASK, tools=[WEATHER])
     assert bad.choices[0].message.tool_calls is None
     assert bad.choices[0].message.content == broken  # the agent sees what the model wrote
     assert bad.choices[0].finish_reason == "stop"
@@ -209,7 +209,7 @@ def test_multiple_calls_none_and_malformed(served):
 
 def test_n_samples_each_parsed_and_recorded(served):
     model, client = served([CALL, "no tools needed"])
-    completion = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], n=2, seed=5)
+    completion = client.chat.completions.create(model="rollout", messages=ASK, tools=[WEATHER], n=2, seed=5)
     assert [c.finish_reason for c in completion.choices] == ["tool_calls", "stop"]
     assert completion.usage.completion_tokens == sum(len(s) for s in model.engine.sampled)
     history = model.extract_experience_from_history()
@@ -220,14 +220,14 @@ def test_n_samples_each_parsed_and_recorded(served):
 
 def test_tool_results_go_back_into_the_template(served):
     model, client = served([CALL, "Sunny, 21 C."])
-    first = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER])
+    first = client.chat.completions.create(model="rollout", messages=ASK, tools=[WEATHER])
     reply = first.choices[0].message
     follow_up = [
         *ASK,
         reply.model_dump(exclude_none=True),  # arguments as JSON text, as agents send them back
         {"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": "sunny, 21"},
     ]
-    second = client.chat.completions.create(model="m", messages=follow_up, tools=[WEATHER])
+    second = client.chat.completions.create(model="rollout", messages=follow_up, tools=[WEATHER])
     assert second.choices[0].message.content == "Sunny, 21 C."
     turn1, turn2 = model.extract_experience_from_history()
     # The call is rendered with its arguments as an object (not JSON text quoted again), so the
@@ -243,17 +243,19 @@ def test_required_and_named_tool_choice_parse_without_auto(served):
     _, client = served([CALL, CALL], enable_auto_tool_choice=False)
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         completion = client.chat.completions.create(
-            model="m", messages=ASK, tools=[WEATHER], tool_choice=choice
+            model="rollout", messages=ASK, tools=[WEATHER], tool_choice=choice
         )
         assert completion.choices[0].message.tool_calls[0].function.name == "get_weather"
     with pytest.raises(openai.BadRequestError, match="enable_auto_tool_choice") as err:
-        client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER])
+        client.chat.completions.create(model="rollout", messages=ASK, tools=[WEATHER])
     assert err.value.body["param"] == "tool_choice"
 
 
 def test_tool_choice_none_renders_and_parses_no_tools(served):
     model, client = served([CALL])
-    completion = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], tool_choice="none")
+    completion = client.chat.completions.create(
+        model="rollout", messages=ASK, tools=[WEATHER], tool_choice="none"
+    )
     assert completion.choices[0].message.tool_calls is None
     assert completion.choices[0].message.content == CALL
     [exp] = model.extract_experience_from_history()
@@ -263,7 +265,7 @@ def test_tool_choice_none_renders_and_parses_no_tools(served):
 
 def test_reasoning_then_tool_call(served):
     model, client = served([f"<think>need weather</think>\n{CALL}"], reasoning_parser="qwen3")
-    completion = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER])
+    completion = client.chat.completions.create(model="rollout", messages=ASK, tools=[WEATHER])
     message = completion.choices[0].message
     assert message.reasoning_content == "need weather"
     assert message.content is None and message.tool_calls[0].function.name == "get_weather"
@@ -278,10 +280,10 @@ def test_reasoning_then_tool_call(served):
 def test_streamed_tool_calls_and_reasoning_assemble(served):
     text = f"<think>hm</think>Let me check.{CALL}"
     model, client = served([text, text], reasoning_parser="qwen3")
-    whole = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER], logprobs=True)
+    whole = client.chat.completions.create(model="rollout", messages=ASK, tools=[WEATHER], logprobs=True)
     chunks = list(
         client.chat.completions.create(
-            model="m", messages=ASK, tools=[WEATHER], logprobs=True, stream=True,
+            model="rollout", messages=ASK, tools=[WEATHER], logprobs=True, stream=True,
             stream_options={"include_usage": True},
         )
     )  # fmt: skip
@@ -329,9 +331,12 @@ def test_async_client_concurrent_calls_and_stream():
         client = model.get_openai_async_client()
         try:
             many = await asyncio.gather(
-                *(client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER]) for _ in range(8))
+                *(
+                    client.chat.completions.create(model="rollout", messages=ASK, tools=[WEATHER])
+                    for _ in range(8)
+                )
             )
-            stream = await client.chat.completions.create(model="m", messages=ASK, stream=True)
+            stream = await client.chat.completions.create(model="rollout", messages=ASK, stream=True)
             text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
             return many, text
         finally:
@@ -429,7 +434,7 @@ def test_routes_template_and_engine_failures_are_openai_shaped(served):
     failed = _error(_post(base, "/chat/completions", {"messages": ASK}), 500)
     assert failed["type"] == "server_error" and "IndexError" in failed["message"]
     with pytest.raises(openai.InternalServerError):
-        client.chat.completions.create(model="m", messages=ASK)  # no retry, no hang
+        client.chat.completions.create(model="rollout", messages=ASK)  # no retry, no hang
 
     strict = ScriptedEngine([], chat_template="{{ raise_exception('roles must alternate') }}")
     model2, _ = served([], engine=strict)
@@ -442,7 +447,7 @@ def test_routes_template_and_engine_failures_are_openai_shaped(served):
 
 def test_completions_record_exactly_and_stream(served):
     model, client = served(["abc", "de", "fgh", "ij"])
-    out = client.completions.create(model="m", prompt=["1+1=", "2+2="], n=2, logprobs=0, max_tokens=8)
+    out = client.completions.create(model="rollout", prompt=["1+1=", "2+2="], n=2, logprobs=0, max_tokens=8)
     assert [c.text for c in out.choices] == ["abc", "de", "fgh", "ij"]
     assert [c.index for c in out.choices] == [0, 1, 2, 3]
     assert out.choices[0].logprobs.tokens == ["a", "b", "c", IM_END]
@@ -456,7 +461,7 @@ def test_completions_record_exactly_and_stream(served):
     assert out.usage.prompt_tokens == 8
 
     model.engine.replies = ["xyz"]
-    stream = client.completions.create(model="m", prompt="go", stream=True)
+    stream = client.completions.create(model="rollout", prompt="go", stream=True)
     chunks = list(stream)
     assert (
         "".join(c.choices[0].text for c in chunks) == "xyz" and chunks[-1].choices[0].finish_reason == "stop"
@@ -476,7 +481,7 @@ def test_tools_reach_the_real_models_template_and_the_record_is_the_sample(tiny_
     try:
         client = model.get_openai_client()
         reply = client.chat.completions.create(
-            model="x", messages=ASK, tools=[WEATHER], max_tokens=12, seed=3, logprobs=True
+            model="rollout", messages=ASK, tools=[WEATHER], max_tokens=12, seed=3, logprobs=True
         )
         [exp] = model.extract_experience_from_history()
         [direct] = engine.chat(ASK, tools=[WEATHER], max_tokens=12, seed=3)

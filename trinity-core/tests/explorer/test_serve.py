@@ -260,12 +260,18 @@ def test_chats_feedback_and_commits_reach_the_sql_buffer(serving, tmp_path):
     url = serving.base_url
     client = openai.OpenAI(base_url=url, api_key="EMPTY", max_retries=0)
     conv = {"X-Trinity-Conversation": "chat-1"}
-    first = client.chat.completions.create(model="m", messages=HELLO, max_tokens=4, extra_headers=conv)
+    first = client.chat.completions.create(
+        model=serving.model.model_name, messages=HELLO, max_tokens=4, extra_headers=conv
+    )
     second = client.chat.completions.create(
-        model="m", messages=HELLO, max_tokens=4, stream=True, extra_body={"conversation_id": "chat-1"}
+        model=serving.model.model_name,
+        messages=HELLO,
+        max_tokens=4,
+        stream=True,
+        extra_body={"conversation_id": "chat-1"},
     )
     streamed_id = {chunk.id for chunk in second}.pop()
-    lone = client.chat.completions.create(model="m", messages=HELLO, max_tokens=4)
+    lone = client.chat.completions.create(model=serving.model.model_name, messages=HELLO, max_tokens=4)
     assert _get(f"{url}/status")["calls_awaiting_feedback"] == 3
 
     assert _post(f"{url}/feedback", {"reward": 1.0, "conversation_id": "chat-1", "task_id": "t1"})[0] == 200
@@ -282,7 +288,9 @@ def test_chats_feedback_and_commits_reach_the_sql_buffer(serving, tmp_path):
     assert status == 409 and body["error"]["code"] == "already_committed"
     # The committed conversation takes no more calls.
     with pytest.raises(openai.ConflictError, match="is committed"):
-        client.chat.completions.create(model="m", messages=HELLO, max_tokens=2, extra_headers=conv)
+        client.chat.completions.create(
+            model=serving.model.model_name, messages=HELLO, max_tokens=2, extra_headers=conv
+        )
 
     # Trinity-RFT's client: msg_ids, then a commit without ids closes the step.
     assert _post(f"{url.removesuffix('/v1')}/feedback", {"reward": 0.0, "msg_ids": [lone.id]})[0] == 200
@@ -331,7 +339,7 @@ def test_new_weights_are_picked_up_between_requests(tmp_path, tiny_model_path):
         before = engine.logprobs(tokens)
         # A streaming call holds the engine while it samples; the checkpoint arrives mid-call.
         stream = client.chat.completions.create(
-            model="m",
+            model=job.model.model_name,
             messages=HELLO,
             max_tokens=8,
             stream=True,
@@ -352,7 +360,7 @@ def test_new_weights_are_picked_up_between_requests(tmp_path, tiny_model_path):
         loader.join(timeout=60)
         assert loaded == [1] and engine.model_version == 1
         assert rest and rest[-1].choices[0].finish_reason is not None
-        after = client.chat.completions.create(model="m", messages=HELLO, max_tokens=2)
+        after = client.chat.completions.create(model=job.model.model_name, messages=HELLO, max_tokens=2)
         assert _get(f"{url}/status")["model_version"] == 1
         versions = {
             rid: [e.model_version for c in conv.calls for e in c.experiences]
@@ -442,7 +450,7 @@ def test_a_taken_port_is_one_clear_line(tmp_path, tiny_model_path):
 def test_completions_are_calls_too_and_unknown_routes_name_the_feedback_ones(serving, tmp_path):
     url = serving.base_url
     client = openai.OpenAI(base_url=url, api_key="EMPTY", max_retries=0)
-    completion = client.completions.create(model="m", prompt="1+1=", max_tokens=3, n=2)
+    completion = client.completions.create(model=serving.model.model_name, prompt="1+1=", max_tokens=3, n=2)
     status, body = _post(f"{url}/feedback", {"reward": 0.5, "response_id": completion.id, "commit": True})
     assert status == 200 and body["commit"]["experiences_written"] == 2
     assert [uid.rsplit("/", 1)[1] for uid, _, _ in _rows(tmp_path)] == [

@@ -263,6 +263,7 @@ class MultiTurnWorkflow(Workflow):
             if system:
                 messages.append({"role": "system", "content": system})
             limit = self.resolve_max_model_len()
+            prompt_limit = self.resolve_max_prompt_tokens()
             base_args = {**rollout_kwargs(self.task.rollout_args), "n": 1}
             per_turn_cap = base_args.get("max_tokens") or self._engine_max_tokens()
             for index in range(self.max_turns):
@@ -270,21 +271,26 @@ class MultiTurnWorkflow(Workflow):
                 mark = len(messages)
                 messages.append({"role": "user", "content": prompt})
                 args = dict(base_args)
-                if limit is not None:
+                if limit is not None or prompt_limit is not None:
                     used = await self.count_prompt_tokens(messages)
                     if used is not None:
-                        budget = limit - used
-                        if budget < self.min_turn_tokens:
+                        budget = None if limit is None else limit - used
+                        # Over max_prompt_tokens the engine answers with a placeholder masked out
+                        # of training: the conversation has no room left, as past max_model_len.
+                        full = prompt_limit is not None and used > prompt_limit
+                        if full or (budget is not None and budget < self.min_turn_tokens):
                             del messages[mark:]
                             if not episode.turns:
                                 raise ValueError(
-                                    f"{type(self).__name__}: the first prompt takes {used} tokens, leaving "
-                                    f"{budget} of max_model_len {limit} for the reply (min_turn_tokens "
-                                    f"{self.min_turn_tokens}); raise max_model_len or shorten the prompt"
+                                    f"{type(self).__name__}: the first prompt takes {used} tokens, over "
+                                    f"max_prompt_tokens {prompt_limit} or leaving less than min_turn_tokens "
+                                    f"({self.min_turn_tokens}) of max_model_len {limit} for the reply; raise "
+                                    "the limits or shorten the prompt"
                                 )
                             episode.terminate_reason = MAX_MODEL_LEN
                             break
-                        args["max_tokens"] = min(per_turn_cap or budget, budget)
+                        if budget is not None:
+                            args["max_tokens"] = min(per_turn_cap or budget, budget)
                 try:
                     turn = await self._timed(self._turn(index, observation, prompt, messages, args))
                 except asyncio.TimeoutError:
@@ -351,6 +357,15 @@ class MultiTurnWorkflow(Workflow):
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
         return None
+
+    def resolve_max_prompt_tokens(self) -> int | None:
+        """The model's ``max_prompt_tokens`` when its engine masks longer prompts out
+        (``enable_prompt_truncation``): a conversation that grows past it ends there, as one past
+        ``max_model_len`` does; ``None`` otherwise."""
+        value = getattr(self.model, "max_prompt_tokens", None)
+        if not getattr(self.model, "enable_prompt_truncation", False):
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
     def _engine_max_tokens(self) -> int | None:
         defaults = getattr(getattr(self.model, "engine", None), "default_args", None)

@@ -44,6 +44,7 @@ class ScriptedEngine(RolloutEngine):
         chat_template: str | None = None,
         default_args: SamplingArgs | None = None,
         max_prompt_tokens: int | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         if tokenizer is None:
             from trinity.testing.tiny_model import build_tokenizer
@@ -53,6 +54,7 @@ class ScriptedEngine(RolloutEngine):
             tokenizer,
             chat_template=chat_template,
             max_prompt_tokens=max_prompt_tokens,
+            max_model_len=max_model_len,
             default_args=default_args or SamplingArgs(max_tokens=1024),
         )
         self.policy = policy
@@ -82,15 +84,26 @@ class ScriptedEngine(RolloutEngine):
         )
 
     def _start(
-        self, messages: list[dict[str, Any]], template: dict[str, Any], rollout_args: dict[str, Any]
-    ) -> tuple[list[int], SamplingArgs]:
+        self,
+        messages: list[dict[str, Any]],
+        template: dict[str, Any],
+        rollout_args: dict[str, Any],
+        whole_context: bool,
+    ) -> tuple[list[int], SamplingArgs | None]:
+        """The prompt's ids and the call's arguments within the engine's limits (``None``: the
+        prompt is over ``max_prompt_tokens`` and is answered with masked placeholders)."""
         args = self.sampling_args(**rollout_args)
         self.calls.append({"messages": [dict(m) for m in messages], "args": args, **template})
         # ``tools`` / ``chat_template_kwargs`` go to the template only when given.
         prompt = (
             self.apply_chat_template(messages, **template) if template else self.apply_chat_template(messages)
         )
-        return self.encode(prompt), args
+        ids = self.encode(prompt)
+        runs, masked = self.plan([ids], args, whole_context=whole_context)
+        if masked:
+            return ids, None
+        (cap,) = runs
+        return ids, self._capped(args, cap)
 
     def chat(
         self,
@@ -98,9 +111,14 @@ class ScriptedEngine(RolloutEngine):
         *,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        whole_context: bool = False,
         **rollout_args: Any,
     ) -> list[Experience]:
-        prompt, args = self._start(messages, _template(tools, chat_template_kwargs), rollout_args)
+        prompt, args = self._start(
+            messages, _template(tools, chat_template_kwargs), rollout_args, whole_context
+        )
+        if args is None:
+            return self.masked_experiences(prompt, self.sampling_args(**rollout_args).n)
         replies = [self.policy(messages) for _ in range(args.n)]
         if any(inspect.isawaitable(r) for r in replies):
             for r in replies:
@@ -115,9 +133,14 @@ class ScriptedEngine(RolloutEngine):
         *,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        whole_context: bool = False,
         **rollout_args: Any,
     ) -> list[Experience]:
-        prompt, args = self._start(messages, _template(tools, chat_template_kwargs), rollout_args)
+        prompt, args = self._start(
+            messages, _template(tools, chat_template_kwargs), rollout_args, whole_context
+        )
+        if args is None:
+            return self.masked_experiences(prompt, self.sampling_args(**rollout_args).n)
         replies = []
         for _ in range(args.n):
             reply = self.policy(messages)

@@ -156,11 +156,6 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect("algorithm.rollout_correction", "off-policy rollout correction is not implemented"),
     # model
     NoEffect("model.chat_template_path", "not read; put the template in `model.custom_chat_template`"),
-    NoEffect(
-        "model.enable_prompt_truncation",
-        "prompts longer than max_prompt_tokens are always truncated",
-        _false,
-    ),
     NoEffect("model.repetition_penalty", "the rollout engines apply no repetition penalty"),
     NoEffect("model.rope_scaling", "not passed to the model config"),
     NoEffect("model.rope_theta", "not passed to the model config"),
@@ -197,9 +192,6 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect("explorer.runner_num", "deprecated upstream and not read here; use `explorer.runner_per_model`"),
     *_inference("enable_expert_parallel", "expert parallelism is not passed to vLLM"),
     *_inference("use_v1", "the engine version is vLLM's own choice", _false),
-    *_inference(
-        "enable_prompt_truncation", "prompts longer than max_prompt_tokens are always truncated", _false
-    ),
     *_inference("repetition_penalty", "the rollout engines apply no repetition penalty"),
     *_inference("ignore_eos", "generation always stops at EOS"),
     *_inference("enable_multimodal", "multi-modal prompts are not supported"),

@@ -91,20 +91,70 @@ def _resolve_model(c: Config) -> None:
         )
     if not m.critic_model_path:
         m.critic_model_path = m.model_path
+    derive_token_limits(m, "model")
+
+
+def derive_token_limits(m: Any, key: str) -> None:
+    """Trinity-RFT's rules for the three token limits of a model section (``model``, the rollout
+    model, an auxiliary model), applied in place:
+
+    - ``max_model_len`` unset: ``max_prompt_tokens + max_response_tokens`` (both must be set);
+    - neither per-part limit set: half of ``max_model_len`` each (the prompt gets the floor);
+    - one of them set: the other is what is left of ``max_model_len`` (the one given is first
+      lowered to ``max_model_len - 1`` so that the other keeps a token);
+    - ``min_response_tokens`` not below ``max_response_tokens``: lowered to one below it.
+
+    Enforced at rollout (:mod:`trinity.explorer.engines.base`): a prompt over
+    ``max_prompt_tokens`` is masked out (``enable_prompt_truncation``) or refused, and no
+    response runs past ``max_model_len``.
+    """
+    derived: list[str] = []
     if m.max_model_len is None:
         if m.max_prompt_tokens is None or m.max_response_tokens is None:
             raise ConfigError(
-                "not set and cannot be derived; set model.max_model_len, or both model.max_prompt_tokens "
-                "and model.max_response_tokens (max_model_len = their sum)",
-                key="model.max_model_len",
+                f"not set and cannot be derived; set {key}.max_model_len, or both {key}.max_prompt_tokens "
+                f"and {key}.max_response_tokens (max_model_len = their sum)",
+                key=f"{key}.max_model_len",
             )
         m.max_model_len = m.max_prompt_tokens + m.max_response_tokens
-    _check_model_len(m, "model")
-    if m.max_response_tokens is not None and m.min_response_tokens >= m.max_response_tokens:
+        derived.append("max_model_len")
+    _check_model_len(m, key)
+    if m.max_model_len < 2:
         raise ConfigError(
-            f"{m.min_response_tokens} must be smaller than model.max_response_tokens ({m.max_response_tokens})",
-            key="model.min_response_tokens",
+            f"{m.max_model_len} leaves no room for a prompt and a reply; use at least 2",
+            key=f"{key}.max_model_len",
         )
+    if m.max_prompt_tokens is None and m.max_response_tokens is None:
+        m.max_prompt_tokens = m.max_model_len // 2
+        m.max_response_tokens = m.max_model_len - m.max_prompt_tokens
+        derived += ["max_prompt_tokens", "max_response_tokens"]
+    elif m.max_prompt_tokens is None:
+        m.max_response_tokens = min(m.max_response_tokens, m.max_model_len - 1)
+        m.max_prompt_tokens = m.max_model_len - m.max_response_tokens
+        derived.append("max_prompt_tokens")
+    elif m.max_response_tokens is None:
+        m.max_prompt_tokens = min(m.max_prompt_tokens, m.max_model_len - 1)
+        m.max_response_tokens = m.max_model_len - m.max_prompt_tokens
+        derived.append("max_response_tokens")
+    if derived:
+        logger.info(
+            "%s: %s derived (max_model_len %d = max_prompt_tokens %d + max_response_tokens %d)",
+            key,
+            ", ".join(derived),
+            m.max_model_len,
+            m.max_prompt_tokens,
+            m.max_response_tokens,
+        )
+    if (m.min_response_tokens or 0) >= m.max_response_tokens:
+        lowered = m.max_response_tokens - 1
+        logger.warning(
+            "%s.min_response_tokens %d is not below max_response_tokens %d; lowered to %d",
+            key,
+            m.min_response_tokens,
+            m.max_response_tokens,
+            lowered,
+        )
+        m.min_response_tokens = lowered
 
 
 def _check_optimizer(c: Config) -> None:
@@ -344,15 +394,7 @@ def _resolve_explorer(c: Config) -> None:
     rm.trust_remote_code = rm.trust_remote_code or m.trust_remote_code
     for field in ("temperature", "top_p", "top_k", "logprobs"):
         setattr(rm, field, getattr(m, field))
-    for field in (
-        "max_model_len",
-        "max_prompt_tokens",
-        "max_response_tokens",
-        "min_response_tokens",
-        "enable_prompt_truncation",
-        "repetition_penalty",
-        "enable_thinking",
-    ):
+    for field in (*_LENGTH_FIELDS, "repetition_penalty", "enable_thinking"):
         if getattr(rm, field) is None:
             setattr(rm, field, getattr(m, field))
     if rm.chat_template is None:
@@ -367,11 +409,21 @@ def _resolve_explorer(c: Config) -> None:
                 "required key is missing; an auxiliary model needs its own model_path",
                 key=f"explorer.auxiliary_models[{i}].model_path",
             )
+        # As Trinity-RFT: the trained model's limits where unset; an auxiliary model that sets
+        # its own max_model_len splits that instead of inheriting the trained model's split.
+        inherited = _LENGTH_FIELDS if aux.max_model_len is None else _LENGTH_FIELDS[3:]
+        for field in inherited:
+            if getattr(aux, field) is None:
+                setattr(aux, field, getattr(m, field))
         _resolve_engine(aux, f"explorer.auxiliary_models[{i}]", runners)
 
 
+_LENGTH_FIELDS = ("max_model_len", "max_prompt_tokens", "max_response_tokens", "min_response_tokens",
+                  "enable_prompt_truncation")  # fmt: skip
+
+
 def _resolve_engine(model: InferenceModelConfig, key: str, runners: int) -> None:
-    _check_model_len(model, key)
+    derive_token_limits(model, key)
     if model.base_port == 0:  # port 0 asks the OS for a free port: the same as leaving it unset
         model.base_port = None
     if model.base_port is not None and model.base_port + runners - 1 > MAX_PORT:

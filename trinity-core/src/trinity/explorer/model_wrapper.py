@@ -74,8 +74,118 @@ class WrapperBase:
 
     @property
     def model_name(self) -> str:
-        """The model id the OpenAI API reports (any id is accepted in requests)."""
+        """The model id the OpenAI API reports."""
         return self.name
+
+    #: Further model ids the OpenAI API answers to (``model_aliases``; ``"*"``: any id).
+    aliases: tuple[str, ...] = ()
+    model_path: str | None = None
+
+    @property
+    def served_model_names(self) -> list[str]:
+        """The model ids the OpenAI API answers to: :attr:`model_name`, the model's path (what
+        Trinity-RFT's workflows send: ``openai_client.model_path``) and the configured aliases;
+        any other id is answered with a 404, as OpenAI and vLLM do."""
+        names = [self.name, *([self.model_path] if self.model_path else []), *self.aliases]
+        return list(dict.fromkeys(names))
+
+    def serves(self, model_id: str) -> bool:
+        """Whether the OpenAI API answers requests for ``model_id`` (see :attr:`served_model_names`)."""
+        return "*" in self.aliases or model_id in self.served_model_names
+
+    # -- token limits (see trinity.explorer.engines.base) -------------------------------------
+
+    @property
+    def max_model_len(self) -> int | None:
+        """Longest sequence (prompt + response) the model serves; ``None``: no limit."""
+        return self._limits().get("max_model_len")
+
+    @property
+    def max_prompt_tokens(self) -> int | None:
+        """Longest prompt of a workflow's call (longer ones are masked out or refused)."""
+        return self._limits().get("max_prompt_tokens")
+
+    @property
+    def max_response_tokens(self) -> int | None:
+        """Default ``max_tokens`` of a call."""
+        return self._limits().get("max_response_tokens")
+
+    @property
+    def enable_prompt_truncation(self) -> bool:
+        """Whether a call's prompt over :attr:`max_prompt_tokens` is answered with placeholders
+        masked out of training (else it is sampled while it fits :attr:`max_model_len`)."""
+        return bool(self._limits().get("enable_prompt_truncation", True))
+
+    def _limits(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _chat_template(self) -> str | None:
+        raise NotImplementedError
+
+    def convert_messages_to_experience(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> Experience:
+        """One Experience for a whole conversation.
+
+        ``tokens`` is the chat template applied to ``messages``; the prompt is everything before
+        the first assistant turn; ``action_mask`` marks exactly the assistant tokens (from the
+        template's ``{% generation %}`` markers; for templates without them, each assistant turn
+        is located by templating the conversation up to it). Logprobs are recomputed under the
+        current weights.
+
+        The token limits hold as for sampled calls (Trinity-RFT's rules): a prompt over
+        ``max_prompt_tokens`` (with ``enable_prompt_truncation``) gives a placeholder masked out of
+        training, and a conversation past ``max_model_len`` is cut there
+        (``info["truncate_status"]``: ``"prompt_truncated"`` / ``"response_truncated"``).
+        """
+        import torch
+
+        from trinity.experience import Experience
+        from trinity.explorer.engines.base import PROMPT_TRUNCATED
+
+        ids, mask = assistant_token_mask(self.tokenizer, messages, self._chat_template(), tools)
+        if 1 not in mask:
+            raise ValueError("convert_messages_to_experience: the conversation has no assistant message")
+        prompt_length = mask.index(1)
+        limits = self._limits()
+        info: dict[str, Any] = {}
+        max_prompt = limits.get("max_prompt_tokens")
+        if (
+            limits.get("enable_prompt_truncation", True)
+            and max_prompt is not None
+            and prompt_length > max_prompt
+        ):
+            return Experience(
+                tokens=torch.tensor(ids[: max_prompt + 1], dtype=torch.long),
+                prompt_length=max_prompt,
+                logprobs=torch.zeros(1, dtype=torch.float32),
+                action_mask=torch.zeros(1, dtype=torch.bool),
+                prompt_text=self.tokenizer.decode(ids[:max_prompt]),
+                response_text="",
+                messages=[dict(m) for m in messages],
+                info={"truncate_status": PROMPT_TRUNCATED, "prompt_tokens": prompt_length},
+                model_version=self.model_version,
+            )
+        max_len = limits.get("max_model_len")
+        if max_len is not None and len(ids) > max_len:
+            if prompt_length >= max_len:
+                from trinity.explorer.engines.base import PromptTooLong
+
+                raise PromptTooLong(prompt_length, max_len)
+            ids, mask = ids[:max_len], mask[:max_len]
+            info["truncate_status"] = "response_truncated"
+        logprobs = self.logprobs(ids)[prompt_length - 1 :] if prompt_length > 0 else None
+        return Experience(
+            tokens=torch.tensor(ids, dtype=torch.long),
+            prompt_length=prompt_length,
+            logprobs=logprobs,
+            action_mask=torch.tensor(mask[prompt_length:], dtype=torch.bool),
+            prompt_text=self.tokenizer.decode(ids[:prompt_length]),
+            response_text=self.tokenizer.decode(ids[prompt_length:]),
+            messages=[dict(m) for m in messages],
+            info=info,
+            model_version=self.model_version,
+        )
 
     def _openai_module(self, what: str) -> Any:
         try:
@@ -125,6 +235,8 @@ class ModelWrapper(WrapperBase):
         enable_auto_tool_choice: let the OpenAI API serve ``tool_choice: "auto"`` (the default
             when a request has ``tools``), as vLLM's ``--enable-auto-tool-choice``.
         log_requests: log one line per OpenAI API request (logger ``trinity.explorer.openai_api``).
+        aliases: further model ids the OpenAI API answers to besides ``name`` and ``model_path``
+            (``"*"``: any id); see :attr:`served_model_names`.
     """
 
     def __init__(
@@ -140,6 +252,7 @@ class ModelWrapper(WrapperBase):
         reasoning_parser: str | None = None,
         enable_auto_tool_choice: bool = False,
         log_requests: bool = False,
+        aliases: tuple[str, ...] | list[str] = (),
     ) -> None:
         if tool_call_parser is not None or reasoning_parser is not None:
             # Pure-Python modules: an unknown name fails here, not at the first request.
@@ -160,6 +273,7 @@ class ModelWrapper(WrapperBase):
         self.reasoning_parser = reasoning_parser
         self.enable_auto_tool_choice = enable_auto_tool_choice
         self.log_requests = log_requests
+        self.aliases = tuple(aliases)
         self._history: list[Experience] = []
         self._lock = threading.Lock()
         self._server: OpenAIServer | None = None
@@ -179,6 +293,19 @@ class ModelWrapper(WrapperBase):
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    def _limits(self) -> dict[str, Any]:
+        engine = self.engine
+        defaults = getattr(engine, "default_args", None)
+        return {
+            "max_model_len": getattr(engine, "max_model_len", None),
+            "max_prompt_tokens": getattr(engine, "max_prompt_tokens", None),
+            "max_response_tokens": getattr(defaults, "max_tokens", None),
+            "enable_prompt_truncation": getattr(engine, "enable_prompt_truncation", True),
+        }
+
+    def _chat_template(self) -> str | None:
+        return getattr(self.engine, "chat_template", None)
 
     # -- generation ------------------------------------------------------------------------
 
@@ -224,19 +351,25 @@ class ModelWrapper(WrapperBase):
     # The OpenAI API samples through these (seeded like every call) and records the
     # Experiences itself once it has added what it parsed.
 
+    # ``whole_context``: the OpenAI API's limits (only max_model_len bounds the prompt).
+
     async def _sample_chat_async(
         self,
         messages: list[dict[str, Any]],
         *,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        whole_context: bool = False,
         **rollout_args: Any,
     ) -> list[Experience]:
-        template = _template_args(tools, chat_template_kwargs)
+        template = _template_args(tools, chat_template_kwargs, whole_context)
         return await self.engine.chat_async(messages, **template, **self._with_seed(rollout_args))
 
-    async def _sample_async(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
-        return await self.engine.generate_async(prompts, **self._with_seed(rollout_args))
+    async def _sample_async(
+        self, prompts: list[str], *, whole_context: bool = False, **rollout_args: Any
+    ) -> list[Experience]:
+        extra = _template_args(None, None, whole_context)
+        return await self.engine.generate_async(prompts, **extra, **self._with_seed(rollout_args))
 
     # Streaming twins (``stream: true``): token deltas, then the Experiences (see
     # RolloutEngine.generate_stream_async). The seed is drawn now, as for a call that does not stream.
@@ -247,9 +380,10 @@ class ModelWrapper(WrapperBase):
         *,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        whole_context: bool = False,
         **rollout_args: Any,
     ) -> AsyncIterator[StreamItem]:
-        template = _template_args(tools, chat_template_kwargs)
+        template = _template_args(tools, chat_template_kwargs, whole_context)
         args = self._with_seed(rollout_args)
         if not hasattr(self.engine, "chat_stream_async"):  # an engine double: whole samples
             from trinity.explorer.engines.base import whole_sample_stream
@@ -257,8 +391,10 @@ class ModelWrapper(WrapperBase):
             return whole_sample_stream(lambda: self.engine.chat_async(messages, **template, **args))
         return self.engine.chat_stream_async(messages, **template, **args)
 
-    def _stream(self, prompts: list[str], **rollout_args: Any) -> AsyncIterator[StreamItem]:
-        args = self._with_seed(rollout_args)
+    def _stream(
+        self, prompts: list[str], *, whole_context: bool = False, **rollout_args: Any
+    ) -> AsyncIterator[StreamItem]:
+        args = {**_template_args(None, None, whole_context), **self._with_seed(rollout_args)}
         if not hasattr(self.engine, "generate_stream_async"):
             from trinity.explorer.engines.base import whole_sample_stream
 
@@ -272,39 +408,6 @@ class ModelWrapper(WrapperBase):
     async def logprobs_async(self, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
         """Async twin of :meth:`logprobs`."""
         return await self.engine.logprobs_async(list(tokens), temperature)
-
-    # -- multi-turn ------------------------------------------------------------------------
-
-    def convert_messages_to_experience(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> Experience:
-        """One Experience for a whole conversation.
-
-        ``tokens`` is the chat template applied to ``messages``; the prompt is everything before
-        the first assistant turn; ``action_mask`` marks exactly the assistant tokens (from the
-        template's ``{% generation %}`` markers; for templates without them, each assistant turn
-        is located by templating the conversation up to it). Logprobs are recomputed under the
-        current weights.
-        """
-        import torch
-
-        from trinity.experience import Experience
-
-        ids, mask = assistant_token_mask(self.engine.tokenizer, messages, self.engine.chat_template, tools)
-        if 1 not in mask:
-            raise ValueError("convert_messages_to_experience: the conversation has no assistant message")
-        prompt_length = mask.index(1)
-        logprobs = self.engine.logprobs(ids)[prompt_length - 1 :] if prompt_length > 0 else None
-        return Experience(
-            tokens=torch.tensor(ids, dtype=torch.long),
-            prompt_length=prompt_length,
-            logprobs=logprobs,
-            action_mask=torch.tensor(mask[prompt_length:], dtype=torch.bool),
-            prompt_text=self.engine.tokenizer.decode(ids[:prompt_length]),
-            response_text=self.engine.tokenizer.decode(ids[prompt_length:]),
-            messages=[dict(m) for m in messages],
-            model_version=self.model_version,
-        )
 
     # -- history ---------------------------------------------------------------------------
 
@@ -378,6 +481,7 @@ def model_wrappers_for(
             reasoning_parser=config.reasoning_parser,
             enable_auto_tool_choice=config.enable_auto_tool_choice,
             log_requests=config.enable_log_requests,
+            aliases=config.model_aliases,
         )
         if config.enable_openai_api:
             try:
@@ -394,14 +498,19 @@ def model_wrappers_for(
 
 
 def _template_args(
-    tools: list[dict[str, Any]] | None, chat_template_kwargs: dict[str, Any] | None
+    tools: list[dict[str, Any]] | None,
+    chat_template_kwargs: dict[str, Any] | None,
+    whole_context: bool = False,
 ) -> dict[str, Any]:
-    """Template keywords for the engine, only those given (engine doubles may not take them)."""
+    """Template and limit keywords for the engine, only those given (engine doubles may not
+    take them)."""
     out: dict[str, Any] = {}
     if tools:
         out["tools"] = tools
     if chat_template_kwargs:
         out["chat_template_kwargs"] = chat_template_kwargs
+    if whole_context:
+        out["whole_context"] = True
     return out
 
 

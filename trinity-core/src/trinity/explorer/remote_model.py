@@ -163,6 +163,7 @@ def build_debug_app(model: ModelWrapper) -> FastAPI:
                 "engine_seed": getattr(engine, "seed", 0),
                 "default_seed": engine.default_args.seed,
                 "chat_template": getattr(engine, "chat_template", None),
+                "limits": model._limits(),
                 "pid": os.getpid(),
             }
         )
@@ -382,32 +383,11 @@ class RemoteModelWrapper(WrapperBase):
         """Async twin of :meth:`logprobs`."""
         return await asyncio.to_thread(self.logprobs, tokens, temperature)
 
-    def convert_messages_to_experience(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> Experience:
-        """One Experience for a whole conversation (see
-        :meth:`ModelWrapper.convert_messages_to_experience`): templated here with the served
-        model's chat template, logprobs computed by the served model."""
-        import torch
+    def _limits(self) -> dict[str, Any]:
+        return dict(self._info.get("limits") or {})
 
-        from trinity.experience import Experience
-        from trinity.explorer.model_wrapper import assistant_token_mask
-
-        ids, mask = assistant_token_mask(self.tokenizer, messages, self._info.get("chat_template"), tools)
-        if 1 not in mask:
-            raise ValueError("convert_messages_to_experience: the conversation has no assistant message")
-        prompt_length = mask.index(1)
-        logprobs = self.logprobs(ids)[prompt_length - 1 :] if prompt_length > 0 else None
-        return Experience(
-            tokens=torch.tensor(ids, dtype=torch.long),
-            prompt_length=prompt_length,
-            logprobs=logprobs,
-            action_mask=torch.tensor(mask[prompt_length:], dtype=torch.bool),
-            prompt_text=self.tokenizer.decode(ids[:prompt_length]),
-            response_text=self.tokenizer.decode(ids[prompt_length:]),
-            messages=[dict(m) for m in messages],
-            model_version=self.model_version,
-        )
+    def _chat_template(self) -> str | None:
+        return self._info.get("chat_template")
 
     # -- history ---------------------------------------------------------------------------
 

@@ -297,6 +297,7 @@ class ServeJob:
             reasoning_parser=rm.reasoning_parser,
             enable_auto_tool_choice=rm.enable_auto_tool_choice,
             log_requests=rm.enable_log_requests,
+            aliases=rm.model_aliases,
         )
         try:
             self.server: OpenAIServer = OpenAIServer(

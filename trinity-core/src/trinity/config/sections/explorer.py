@@ -91,9 +91,7 @@ class InferenceModelConfig(Section):
     min_response_tokens: int | None = F(
         None, "Shortest response; defaults to `model.min_response_tokens`.", ge=0
     )
-    enable_prompt_truncation: bool | None = F(
-        None, "Defaults to `model.enable_prompt_truncation`. Has no effect in this version."
-    )
+    enable_prompt_truncation: bool | None = F(None, "Defaults to `model.enable_prompt_truncation`.")
     repetition_penalty: float | None = F(
         None, "Defaults to `model.repetition_penalty`. Has no effect in this version.", gt=0
     )
@@ -122,6 +120,11 @@ class InferenceModelConfig(Section):
         le=MAX_PORT,
     )
     api_key: str = F("EMPTY", "API key the OpenAI API servers require as a Bearer token (`EMPTY`: none).")
+    model_aliases: list[str] = F(
+        [],
+        "Model ids the OpenAI API answers to besides the model's name and `model_path` (e.g. `[any]`; "
+        "`*`: any id). Other ids get a 404, as from OpenAI and vLLM.",
+    )
     enable_auto_tool_choice: bool = F(
         False,
         "Serve `tool_choice: auto` (the default of requests with `tools`) on the OpenAI API; "

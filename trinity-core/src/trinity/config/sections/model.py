@@ -47,7 +47,20 @@ class ExternalModelConfig(Section):
 
 
 class ModelConfig(Section):
-    """The model being trained and the default generation settings of every taskset."""
+    """The model being trained and the default generation settings of every taskset.
+
+    Token limits follow Trinity-RFT's rules. `max_model_len` unset is `max_prompt_tokens +
+    max_response_tokens` (both needed); with `max_model_len` set, a missing per-part limit is what
+    the other leaves (half each when both are missing). Every engine (transformers, vLLM) holds
+    them: no sequence runs past `max_model_len` (a response is cut where the prompt leaves no more
+    room); a workflow's prompt over `max_prompt_tokens` is not sampled but answered with
+    placeholders masked out of training (`enable_prompt_truncation`, the default; false: sampled
+    while it fits `max_model_len`), and a prompt that leaves no room is an error. Workflows read the
+    limits from the model wrapper (`max_model_len`, `max_prompt_tokens`, `max_response_tokens`).
+    The OpenAI API applies only `max_model_len`, as vLLM does: a longer prompt, or a `max_tokens`
+    past what the prompt leaves, gets a 400 (`context_length_exceeded`). The explorer's rollout
+    model and auxiliary models inherit these limits unless they set their own.
+    """
 
     model_path: str = F("", "Hugging Face id or local path of the model to train (required).")
     critic_model_path: str = F("", "Path of the critic model; defaults to `model_path`.")
@@ -62,14 +75,25 @@ class ModelConfig(Section):
     logprobs: int = F(0, "Number of top logprobs returned per token (0: only the chosen token).", ge=0)
     max_model_len: int | None = F(
         None,
-        "Longest sequence (prompt + response); defaults to max_prompt_tokens + max_response_tokens.",
+        "Longest sequence (prompt + response), enforced by every engine and the OpenAI API; defaults to "
+        "max_prompt_tokens + max_response_tokens.",
         ge=1,
     )
-    max_prompt_tokens: int | None = F(None, "Longest prompt in tokens.", ge=1)
-    max_response_tokens: int | None = F(None, "Longest response in tokens.", ge=1)
-    min_response_tokens: int = F(0, "Shortest response in tokens (must be below max_response_tokens).", ge=0)
+    max_prompt_tokens: int | None = F(
+        None,
+        "Longest prompt of a workflow's call; defaults to what max_model_len leaves (half when neither is set).",
+        ge=1,
+    )
+    max_response_tokens: int | None = F(
+        None, "Longest response (default max_tokens); defaults to what max_model_len leaves.", ge=1
+    )
+    min_response_tokens: int = F(
+        0, "Shortest response in tokens (lowered to below max_response_tokens).", ge=0
+    )
     enable_prompt_truncation: bool = F(
-        True, "Truncate prompts longer than `max_prompt_tokens`. Has no effect in this version."
+        True,
+        "A workflow's prompt over `max_prompt_tokens` is not sampled: its experiences are placeholders masked "
+        "out of training (false: it is sampled while it fits max_model_len).",
     )
     repetition_penalty: float = F(
         1.0, "Repetition penalty for generation. Has no effect in this version.", gt=0

@@ -62,6 +62,8 @@ def create_engines(config: InferenceModelConfig, **engine_kwargs: Any) -> list[R
                 chat_template=config.chat_template,
                 enable_thinking=config.enable_thinking,
                 max_prompt_tokens=config.max_prompt_tokens,
+                max_model_len=config.max_model_len,
+                enable_prompt_truncation=config.enable_prompt_truncation is not False,
                 default_args=default_sampling_args(config),
                 trust_remote_code=config.trust_remote_code,
                 lean_decoding=not config.enforce_eager,

@@ -16,14 +16,24 @@ transformers engine) yields each decoding step's tokens as they are sampled; the
 each whole sample once it is finished. Closing the iterator early abandons the call.
 
 Engines: ``transformers`` (:mod:`.transformers_engine`, CPU or GPU) and ``vllm``
-(:mod:`.vllm_engine`, GPU). Prompt building (chat template, tokenisation, truncation) is shared
-here, so both engines see the same token ids for the same messages.
+(:mod:`.vllm_engine`, GPU). Prompt building (chat template, tokenisation) and the token limits
+are shared here, so both engines see the same token ids for the same messages and hold the same
+limits (Trinity-RFT's rules, derived in :func:`trinity.config.resolve.derive_token_limits`):
+
+- no sequence runs past ``max_model_len``: each response's ``max_tokens`` is capped at what the
+  prompt leaves, and a prompt that leaves no token raises :class:`PromptTooLong` (vLLM's words;
+  the OpenAI API answers it with a 400);
+- a workflow's prompt over ``max_prompt_tokens`` with ``enable_prompt_truncation`` (the default)
+  is not sampled: its ``n`` Experiences are placeholders masked out of training
+  (``info["truncate_status"] == "prompt_truncated"``, an all-zero ``action_mask``), as in
+  Trinity-RFT. The OpenAI API passes ``whole_context=True``: only ``max_model_len`` counts there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,8 +46,38 @@ if TYPE_CHECKING:
     from trinity.experience import Experience
     from trinity.sync.group import GroupSpec
 
+logger = logging.getLogger(__name__)
+
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+#: ``info["truncate_status"]`` of the placeholder Experiences of a prompt over ``max_prompt_tokens``.
+PROMPT_TRUNCATED = "prompt_truncated"
+
+
+# Characters of prompt text past which the async calls tokenise on a worker thread (1 MB takes
+# about a second, time in which the event loop would answer nobody else).
+_LONG_TEXT = 100_000
+
+
+class PromptTooLong(ValueError):
+    """A prompt that leaves no token for a reply within ``max_model_len``, or (``max_tokens``
+    given) fewer tokens than a request asked for explicitly. The messages are vLLM's; the OpenAI
+    API answers with a 400 (``context_length_exceeded``)."""
+
+    def __init__(self, prompt_tokens: int, max_model_len: int, max_tokens: int | None = None) -> None:
+        self.prompt_tokens, self.max_model_len, self.max_tokens = prompt_tokens, max_model_len, max_tokens
+        if max_tokens is None:
+            message = (
+                f"This model's maximum context length is {max_model_len} tokens. However, your request "
+                f"has {prompt_tokens} input tokens. Please reduce the length of the input messages."
+            )
+        else:
+            message = (
+                f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+                f"context length is {max_model_len} tokens and your request has {prompt_tokens} input "
+                f"tokens ({max_tokens} > {max_model_len} - {prompt_tokens})."
+            )
+        super().__init__(message)
 
 
 @dataclass
@@ -145,13 +185,20 @@ class RolloutEngine(ABC):
         enable_thinking: bool | None = None,
         max_prompt_tokens: int | None = None,
         default_args: SamplingArgs | None = None,
+        max_model_len: int | None = None,
+        enable_prompt_truncation: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.enable_thinking = enable_thinking
+        #: The token limits (see the module docstring); ``None``: no limit.
         self.max_prompt_tokens = max_prompt_tokens
+        self.max_model_len = max_model_len
+        self.enable_prompt_truncation = enable_prompt_truncation
         self.default_args = default_args or SamplingArgs()
         self._model_version = 0
+        #: Prompts answered with masked placeholders (over ``max_prompt_tokens``) so far.
+        self.prompts_masked = 0
 
     @property
     def model_version(self) -> int:
@@ -187,22 +234,161 @@ class RolloutEngine(ABC):
         return self.tokenizer.apply_chat_template(messages, **kwargs)
 
     def encode(self, prompt: str) -> list[int]:
-        """Token ids of ``prompt`` (special tokens in the text are kept as such), keeping the
-        last ``max_prompt_tokens`` when the prompt is longer."""
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-            ids = ids[-self.max_prompt_tokens :]
-        return ids
+        """Token ids of ``prompt`` (special tokens in the text are kept as such); the limits are
+        applied by the calls that sample (see the module docstring)."""
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
     def sampling_args(self, **rollout_args: Any) -> SamplingArgs:
         """The engine defaults updated with ``rollout_args``."""
         return self.default_args.updated(rollout_args)
 
-    def generate(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
-        """Sample ``n`` continuations of each raw prompt; Experiences are prompt-major."""
-        args = self.sampling_args(**rollout_args)
-        groups = self.generate_tokens([self.encode(p) for p in prompts], args)
+    def plan(
+        self,
+        prompts: list[list[int]],
+        args: SamplingArgs,
+        *,
+        whole_context: bool = False,
+        strict_max_tokens: bool = False,
+    ) -> tuple[dict[int, list[int]], list[int]]:
+        """How the limits apply to one call: ``({max_tokens: prompt indices}, masked indices)``.
+
+        Each prompt's ``max_tokens`` is ``args.max_tokens`` capped at what the prompt leaves of
+        ``max_model_len``; prompts over ``max_prompt_tokens`` are masked (unless
+        ``whole_context`` or ``enable_prompt_truncation`` is off). Raises :class:`PromptTooLong`
+        for a prompt that leaves no token, and (``strict_max_tokens``: the OpenAI API, whose
+        client asked for ``max_tokens``) for one that leaves fewer than ``args.max_tokens``.
+        """
+        runs: dict[int, list[int]] = {}
+        masked: list[int] = []
+        mask_over = not whole_context and self.enable_prompt_truncation and self.max_prompt_tokens is not None
+        for i, ids in enumerate(prompts):
+            if mask_over and len(ids) > self.max_prompt_tokens:  # type: ignore[operator]
+                masked.append(i)
+                continue
+            cap = args.max_tokens
+            if self.max_model_len is not None:
+                room = self.max_model_len - len(ids)
+                if room < 1:
+                    raise PromptTooLong(len(ids), self.max_model_len)
+                if strict_max_tokens and cap > room:
+                    raise PromptTooLong(len(ids), self.max_model_len, cap)
+                cap = min(cap, room)
+            runs.setdefault(cap, []).append(i)
+        return runs, masked
+
+    @staticmethod
+    def _capped(args: SamplingArgs, cap: int) -> SamplingArgs:
+        if cap == args.max_tokens:
+            return args
+        return dataclasses.replace(args, max_tokens=cap, min_tokens=min(args.min_tokens, cap))
+
+    def masked_experiences(self, ids: list[int], n: int) -> list[Experience]:
+        """The ``n`` placeholders of a prompt over ``max_prompt_tokens``: its first
+        ``max_prompt_tokens`` tokens as the prompt, the next one as a one-token response that
+        no loss reads (all-zero ``action_mask``), as Trinity-RFT builds them."""
+        import torch
+
+        from trinity.experience import Experience
+
+        keep = self.max_prompt_tokens or 0
+        if self.prompts_masked == 0:
+            logger.warning(
+                "a prompt of %d tokens is over max_prompt_tokens (%d): its experiences are masked out "
+                "of training (enable_prompt_truncation); later ones are counted, not logged",
+                len(ids),
+                keep,
+            )
+        self.prompts_masked += 1
+        prompt_text = self.tokenizer.decode(ids[:keep])
+        return [
+            Experience(
+                tokens=torch.tensor(ids[: keep + 1], dtype=torch.long),
+                prompt_length=keep,
+                logprobs=torch.zeros(1, dtype=torch.float32),
+                action_mask=torch.zeros(1, dtype=torch.bool),
+                prompt_text=prompt_text,
+                response_text="",
+                info={
+                    "finish_reason": FINISH_LENGTH,
+                    "truncate_status": PROMPT_TRUNCATED,
+                    "prompt_tokens": len(ids),
+                },
+                model_version=self.model_version,
+            )
+            for _ in range(n)
+        ]
+
+    def _assemble(
+        self,
+        prompts: list[list[int]],
+        args: SamplingArgs,
+        runs: dict[int, list[int]],
+        results: list[list[list[Experience]]],
+        masked: list[int],
+    ) -> list[Experience]:
+        groups: list[list[Experience]] = [[] for _ in prompts]
+        for idxs, out in zip(runs.values(), results):
+            for i, group in zip(idxs, out):
+                groups[i] = group
+        for i in masked:
+            groups[i] = self.masked_experiences(prompts[i], args.n)
         return [exp for group in groups for exp in group]
+
+    def generate_ids(
+        self,
+        prompts: list[list[int]],
+        args: SamplingArgs,
+        *,
+        whole_context: bool = False,
+        strict_max_tokens: bool = False,
+    ) -> list[Experience]:
+        """Sample ``args.n`` continuations of each token-id prompt within the limits (see
+        :meth:`plan`); Experiences are prompt-major."""
+        runs, masked = self.plan(
+            prompts, args, whole_context=whole_context, strict_max_tokens=strict_max_tokens
+        )
+        results = [
+            self.generate_tokens([prompts[i] for i in idxs], self._capped(args, cap))
+            for cap, idxs in runs.items()
+        ]
+        return self._assemble(prompts, args, runs, results, masked)
+
+    async def generate_ids_async(
+        self,
+        prompts: list[list[int]],
+        args: SamplingArgs,
+        *,
+        whole_context: bool = False,
+        strict_max_tokens: bool = False,
+    ) -> list[Experience]:
+        """Async twin of :meth:`generate_ids`."""
+        runs, masked = self.plan(
+            prompts, args, whole_context=whole_context, strict_max_tokens=strict_max_tokens
+        )
+        results = await asyncio.gather(
+            *(
+                self.generate_tokens_async([prompts[i] for i in idxs], self._capped(args, cap))
+                for cap, idxs in runs.items()
+            )
+        )
+        return self._assemble(prompts, args, runs, list(results), masked)
+
+    def generate(
+        self, prompts: list[str], *, whole_context: bool = False, **rollout_args: Any
+    ) -> list[Experience]:
+        """Sample ``n`` continuations of each raw prompt; Experiences are prompt-major.
+
+        ``whole_context``: the OpenAI API's rules, as vLLM's server applies them: only
+        ``max_model_len`` limits the prompt, and a ``max_tokens`` given here that the prompt
+        leaves no room for is refused (:class:`PromptTooLong`) rather than capped.
+        """
+        args = self.sampling_args(**rollout_args)
+        return self.generate_ids(
+            [self.encode(p) for p in prompts],
+            args,
+            whole_context=whole_context,
+            strict_max_tokens=whole_context and rollout_args.get("max_tokens") is not None,
+        )
 
     def chat(
         self,
@@ -210,18 +396,29 @@ class RolloutEngine(ABC):
         *,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        whole_context: bool = False,
         **rollout_args: Any,
     ) -> list[Experience]:
         """Sample ``n`` replies to a chat (the chat template is applied first, see
         :meth:`apply_chat_template`)."""
         prompt = self.apply_chat_template(messages, tools, chat_template_kwargs)
-        return self.generate([prompt], **rollout_args)
+        return self.generate([prompt], whole_context=whole_context, **rollout_args)
 
-    async def generate_async(self, prompts: list[str], **rollout_args: Any) -> list[Experience]:
+    async def generate_async(
+        self, prompts: list[str], *, whole_context: bool = False, **rollout_args: Any
+    ) -> list[Experience]:
         """Async twin of :meth:`generate`."""
         args = self.sampling_args(**rollout_args)
-        groups = await self.generate_tokens_async([self.encode(p) for p in prompts], args)
-        return [exp for group in groups for exp in group]
+        if sum(map(len, prompts)) > _LONG_TEXT:  # keep the event loop free for other calls
+            ids = await asyncio.to_thread(lambda: [self.encode(p) for p in prompts])
+        else:
+            ids = [self.encode(p) for p in prompts]
+        return await self.generate_ids_async(
+            ids,
+            args,
+            whole_context=whole_context,
+            strict_max_tokens=whole_context and rollout_args.get("max_tokens") is not None,
+        )
 
     async def chat_async(
         self,
@@ -229,17 +426,30 @@ class RolloutEngine(ABC):
         *,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        whole_context: bool = False,
         **rollout_args: Any,
     ) -> list[Experience]:
         """Async twin of :meth:`chat`."""
         prompt = self.apply_chat_template(messages, tools, chat_template_kwargs)
-        return await self.generate_async([prompt], **rollout_args)
+        return await self.generate_async([prompt], whole_context=whole_context, **rollout_args)
 
-    def generate_stream_async(self, prompts: list[str], **rollout_args: Any) -> AsyncIterator[StreamItem]:
+    def generate_stream_async(
+        self, prompts: list[str], *, whole_context: bool = False, **rollout_args: Any
+    ) -> AsyncIterator[StreamItem]:
         """Streaming twin of :meth:`generate_async` (see the module docstring). The arguments are
-        checked and the prompts encoded now; the sampling starts with the first ``__anext__``."""
+        checked, the prompts encoded and the limits applied now (:class:`PromptTooLong` is raised
+        here); the sampling starts with the first ``__anext__``. A call whose prompts get
+        different ``max_tokens`` caps, or that masks a prompt, streams each sample whole."""
         args = self.sampling_args(**rollout_args)
-        return self.generate_tokens_stream([self.encode(p) for p in prompts], args)
+        ids = [self.encode(p) for p in prompts]
+        strict = whole_context and rollout_args.get("max_tokens") is not None
+        runs, masked = self.plan(ids, args, whole_context=whole_context, strict_max_tokens=strict)
+        if len(runs) == 1 and not masked:
+            (cap,) = runs
+            return self.generate_tokens_stream(ids, self._capped(args, cap))
+        return whole_sample_stream(
+            lambda: self.generate_ids_async(ids, args, whole_context=whole_context, strict_max_tokens=strict)
+        )
 
     def chat_stream_async(
         self,
@@ -247,11 +457,12 @@ class RolloutEngine(ABC):
         *,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        whole_context: bool = False,
         **rollout_args: Any,
     ) -> AsyncIterator[StreamItem]:
         """Streaming twin of :meth:`chat_async` (the template is applied now)."""
         prompt = self.apply_chat_template(messages, tools, chat_template_kwargs)
-        return self.generate_stream_async([prompt], **rollout_args)
+        return self.generate_stream_async([prompt], whole_context=whole_context, **rollout_args)
 
     # -- backend ---------------------------------------------------------------------------
 

@@ -333,6 +333,8 @@ class TransformersEngine(RolloutEngine):
         enable_thinking: bool | None = None,
         max_prompt_tokens: int | None = None,
         default_args: SamplingArgs | None = None,
+        max_model_len: int | None = None,
+        enable_prompt_truncation: bool = True,
         max_batch_size: int = 256,
         batch_wait: float = 0.05,
         batch_gap: float = 0.01,
@@ -348,6 +350,8 @@ class TransformersEngine(RolloutEngine):
             enable_thinking=enable_thinking,
             max_prompt_tokens=max_prompt_tokens,
             default_args=default_args,
+            max_model_len=max_model_len,
+            enable_prompt_truncation=enable_prompt_truncation,
         )
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = resolve_dtype(dtype, self.device)

@@ -678,6 +678,8 @@ def create_vllm_engines(config: InferenceModelConfig, default_args: SamplingArgs
             enable_thinking=config.enable_thinking,
             max_prompt_tokens=config.max_prompt_tokens,
             default_args=default_args,
+            max_model_len=config.max_model_len,
+            enable_prompt_truncation=config.enable_prompt_truncation is not False,
         )
         # ModelWrapper.seed_calls mixes the engine's seed into per-task request seeds.
         engine.seed = config.seed

@@ -53,7 +53,11 @@ its own, which also learns the response id the client saw and the request's head
 
 Bad requests are answered with OpenAI's error object, ``{"error": {"message", "type", "param",
 "code"}}``: 400 for invalid fields and unsupported options, 401 for a missing or wrong API key,
-404 / 405 for unknown routes, 500 (``server_error``) when the engine fails.
+400 (``context_length_exceeded``, vLLM's message) for a prompt that leaves no room for a reply
+within ``max_model_len`` or for a ``max_tokens`` past what it leaves (without ``max_tokens`` a
+reply is capped there: only ``max_model_len`` limits the API's prompts), 404 for unknown routes
+and for a ``model`` the server does not serve (:attr:`ModelWrapper.served_model_names`), 405,
+and 500 (``server_error``) when the engine fails.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trinity.explorer.engines.base import StreamEnd, StreamItem
+from trinity.explorer.engines.base import PromptTooLong, StreamEnd, StreamItem
 from trinity.explorer.openai_api import vllm_parsers
 from trinity.explorer.openai_api.reasoning import get_reasoning_parser, get_reasoning_stream_prefix
 from trinity.explorer.openai_api.schema import (
@@ -310,20 +314,42 @@ def build_app(
 
     @app.get("/v1/models/{model_id:path}")
     async def one_model(model_id: str) -> JSONResponse:
-        if model_id != model.name:
-            raise APIError(404, f"no model {model_id!r}; this server serves {model.name!r}",
-                           param="model", code="model_not_found")  # fmt: skip
+        _check_model(model, model_id)
         return JSONResponse(model_card())
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        _check_model(model, body.model)
         return await _chat(model, body, record_for(request, body))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        _check_model(model, body.model)
         return await _complete(model, body, record_for(request, body))
 
     return app
+
+
+def _check_model(model: ModelWrapper, model_id: str | None) -> None:
+    """404 for a model id this server does not serve (OpenAI's and vLLM's answer); a request
+    without ``model`` gets the served one, as from vLLM."""
+    if model_id is not None and not model.serves(model_id):
+        names = ", ".join(repr(n) for n in model.served_model_names)
+        raise APIError(
+            404,
+            f"The model `{model_id}` does not exist; this server serves {names} (more names: "
+            "model_aliases in the model's config)",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _client_error(exc: Exception) -> APIError:
+    """The 400 for an error the request caused: a prompt past the context length in vLLM's
+    words (``context_length_exceeded``, OpenAI's code), others with their type named."""
+    if isinstance(exc, PromptTooLong):
+        return APIError(400, str(exc), code="context_length_exceeded")
+    return bad_request(f"{type(exc).__name__}: {exc}")
 
 
 def _routes(app: FastAPI) -> str:
@@ -412,7 +438,11 @@ async def _chat(model: ModelWrapper, body: ChatCompletionRequest, record: _Recor
     if body.stream:
         first, stream = await _open_stream(
             lambda: model._stream_chat(
-                messages, tools=tools, chat_template_kwargs=body.chat_template_kwargs, **args
+                messages,
+                tools=tools,
+                chat_template_kwargs=body.chat_template_kwargs,
+                whole_context=True,
+                **args,
             ),
             "chat completion",
         )
@@ -422,10 +452,10 @@ async def _chat(model: ModelWrapper, body: ChatCompletionRequest, record: _Recor
         return _sse(chunks, stream)
     try:
         experiences = await model._sample_chat_async(
-            messages, tools=tools, chat_template_kwargs=body.chat_template_kwargs, **args
+            messages, tools=tools, chat_template_kwargs=body.chat_template_kwargs, whole_context=True, **args
         )
     except _CLIENT_ERRORS as exc:
-        raise bad_request(f"{type(exc).__name__}: {exc}") from None
+        raise _client_error(exc) from None
     except Exception as exc:
         logger.exception("chat completion failed")
         raise APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", type="server_error") from None
@@ -545,7 +575,7 @@ async def _open_stream(
     except StopAsyncIteration:
         raise APIError(500, "the engine's stream ended without a result", type="server_error") from None
     except _CLIENT_ERRORS as exc:
-        raise bad_request(f"{type(exc).__name__}: {exc}") from None
+        raise _client_error(exc) from None
     except Exception as exc:
         logger.exception("%s failed", what)
         raise APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", type="server_error") from None
@@ -731,12 +761,14 @@ async def _complete(model: ModelWrapper, body: CompletionRequest, record: _Recor
     args = body.rollout_args()
     _check_args(model, args)
     if body.stream:
-        first, stream = await _open_stream(lambda: model._stream(body.prompts, **args), "completion")
+        first, stream = await _open_stream(
+            lambda: model._stream(body.prompts, whole_context=True, **args), "completion"
+        )
         return _sse(_completion_stream(model, body, first, stream, record), stream)
     try:
-        experiences = await model._sample_async(body.prompts, **args)
+        experiences = await model._sample_async(body.prompts, whole_context=True, **args)
     except _CLIENT_ERRORS as exc:
-        raise bad_request(f"{type(exc).__name__}: {exc}") from None
+        raise _client_error(exc) from None
     except Exception as exc:
         logger.exception("completion failed")
         raise APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", type="server_error") from None
