@@ -26,6 +26,7 @@ from trinity_agents.agentscope_react import (
     agentscope_chat_model,
     check_model_for_agents,
     clear_history,
+    context_exhausted,
     finish_steps,
     require_agentscope,
     run_blocking,
@@ -110,7 +111,18 @@ class AgentScopeFrozenLakeWorkflow(Workflow):
             observation = game.reset_env()
             for turn in range(game.max_turns):
                 prompt = game.format_observation(observation, turn)
-                reply = await agent.reply(Msg("user", prompt, "user"))
+                try:
+                    reply = await agent.reply(Msg("user", prompt, "user"))
+                except Exception as exc:
+                    if not context_exhausted(exc):
+                        raise
+                    # The conversation outgrew max_model_len: the episode ends here; calls
+                    # of this turn that were answered are kept, with no step reward.
+                    state = game.state_hash(observation)
+                    for exp in self.model.extract_experience_from_history(clear_history=True):
+                        steps.append((exp, {"env_step": turn, "env_state_hash": state}))
+                    terminate_reason = "max_model_len"
+                    break
                 text = reply.get_text_content() or ""
                 result = StepResult.coerce(game.step_env(text))
                 calls = self.model.extract_experience_from_history(clear_history=True)

@@ -118,6 +118,20 @@ def clear_history(model: Any) -> None:
     model.extract_experience_from_history(clear_history=True)
 
 
+def context_exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) is the OpenAI API's refusal of a conversation that no
+    longer fits ``max_model_len`` (400 ``context_length_exceeded``): the agent's episode ends
+    there, as a multi-turn workflow's does, instead of failing."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if getattr(current, "code", None) == "context_length_exceeded":
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def prompt_hash(exp: Experience) -> str:
     """A digest of the prompt tokens of a recorded call (``env_state_hash`` for GiGPO)."""
     ids = exp.tokens[: exp.prompt_length].tolist()
@@ -480,9 +494,14 @@ class AgentScopeReActWorkflow(Workflow):
         clear_history(self.model)
         agent = self.build_agent()
         structured = _structured_model() if self.structured_output else None
-        reply = await agent.reply(Msg("user", self.query, "user"), structured_model=structured)
-        metadata = reply.metadata if isinstance(reply.metadata, dict) else {}
-        text = reply.get_text_content() or ""
+        try:
+            reply = await agent.reply(Msg("user", self.query, "user"), structured_model=structured)
+        except Exception as exc:
+            if not context_exhausted(exc):
+                raise
+            reply = None  # the conversation outgrew max_model_len: no answer
+        metadata = reply.metadata if reply is not None and isinstance(reply.metadata, dict) else {}
+        text = (reply.get_text_content() if reply is not None else None) or ""
         answer_text = str(metadata["result"]) if "result" in metadata else text
         reward = math_reward(answer_text, self.truth)
 
@@ -499,6 +518,7 @@ class AgentScopeReActWorkflow(Workflow):
             "tool_call_count": tool_calls,
             "structured_output": "result" in metadata,
             "max_iters_reached": len(recorded) > self.max_iters,
+            "max_model_len_reached": reply is None,
         }
         metrics = {
             "accuracy": reward,
@@ -506,6 +526,7 @@ class AgentScopeReActWorkflow(Workflow):
             "tool_call_count": float(tool_calls),
             "react_memory_length": float(len(memory)),
             "max_iters_reached": float(len(recorded) > self.max_iters),
+            "max_model_len_reached": float(reply is None),
         }
         steps = [(exp, {}) for exp in recorded]
         return finish_steps(steps, reward=reward, run=self.run_id_base, info=info, metrics=metrics)
@@ -537,6 +558,7 @@ __all__ = [
     "agentscope_install_hint",
     "answers_match",
     "build_toolkit",
+    "context_exhausted",
     "final_answer",
     "math_reward",
     "reference_answer",
