@@ -33,7 +33,7 @@ HOSTILE = {
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Answers that reach math-verify (here or in the worker process)."""
     calls: list[str] = []
-    real_here, real_worker = verify._compare_here, verify._worker.compare
+    real_here, real_worker = verify._compare_here, verify._verifiers.compare
 
     def here(answer: str, truth: str, timeout_seconds: float) -> verify.Verdict:
         calls.append(answer[:40])
@@ -44,7 +44,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real_worker(answer, truth, timeout_seconds)
 
     monkeypatch.setattr(verify, "_compare_here", here)
-    monkeypatch.setattr(verify._worker, "compare", worker)
+    monkeypatch.setattr(verify._verifiers, "compare", worker)
     return calls
 
 
@@ -255,5 +255,11 @@ def test_workflows_pass_the_response_tokens(workflow: type, use_base: bool) -> N
         repeat_times=2,
     )
     exps = task.to_workflow(FixedModel("Reasoning.\nAnswer: 34", 16)).run()
-    assert [e.metrics for e in exps] == [{"accuracy": 1.0, "format_score": pytest.approx(-0.5)}] * 2
+    expected = {
+        "accuracy": 1.0,
+        "format_score": pytest.approx(-0.5),
+        "reward_refused": 0.0,
+        "reward_timeout": 0.0,
+    }
+    assert [e.metrics for e in exps] == [expected] * 2
     assert [e.reward for e in exps] == [pytest.approx(0.5)] * 2

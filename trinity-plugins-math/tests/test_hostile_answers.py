@@ -56,7 +56,7 @@ class ComparisonSpy:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[str] = []
-        real_here, real_worker = verify._compare_here, verify._worker.compare
+        real_here, real_worker = verify._compare_here, verify._verifiers.compare
 
         def here(answer: str, truth: str, timeout_seconds: float) -> verify.Verdict:
             self.calls.append(answer[:40])
@@ -67,7 +67,7 @@ class ComparisonSpy:
             return real_worker(answer, truth, timeout_seconds)
 
         monkeypatch.setattr(verify, "_compare_here", here)
-        monkeypatch.setattr(verify._worker, "compare", worker)
+        monkeypatch.setattr(verify._verifiers, "compare", worker)
 
 
 @pytest.fixture
@@ -187,22 +187,29 @@ def _in_thread(call: Callable[[], dict[str, float]]) -> dict[str, float]:
     return results[0]
 
 
-@pytest.mark.skipif(os.name != "posix", reason="the worker process is POSIX only")
-def test_a_worker_that_does_not_answer_is_killed_and_replaced() -> None:
-    """Work no signal can interrupt (simulated: the worker is stopped) costs the deadline only."""
+@pytest.mark.skipif(os.name != "posix", reason="the verifier processes are POSIX only")
+def test_a_verifier_that_does_not_answer_is_killed_and_replaced() -> None:
+    """Work no signal can interrupt (simulated: the verifier is stopped) costs the deadline only."""
+    verify._verifiers.close()
     fn = MathBoxedRewardFn(timeout_seconds=0.5)
-    # Fractions, not plain integers: those are compared without the worker.
-    assert _in_thread(lambda: fn("\\boxed{\\frac{2}{2}}", "1"))["accuracy"] == 1.0  # the worker is up
-    stuck = verify._worker._proc
-    assert stuck is not None
-    os.kill(stuck.pid, signal.SIGSTOP)
+    # Fractions, not plain integers: those are compared without a verifier.
+    assert _in_thread(lambda: fn("\\boxed{\\frac{2}{2}}", "1"))["accuracy"] == 1.0  # they are up
+    before = verify._verifiers.processes
+    for proc in before:  # every verifier stuck: the call that meets one overruns
+        os.kill(proc.pid, signal.SIGSTOP)
     start = time.monotonic()
     assert _in_thread(lambda: fn("\\boxed{\\frac{4}{2}}", "2")) == {"accuracy": 0.0, "format_score": 0.0}
     elapsed = time.monotonic() - start
     assert fn.timeouts == 1
-    assert stuck.poll() is not None, "the stuck worker was not killed"
+    killed = [p for p in before if p not in verify._verifiers.processes]
+    assert len(killed) == 1, "the stuck verifier was not replaced"
+    assert killed[0].wait(timeout=10) is not None, "the stuck verifier was not killed"
     assert elapsed < SANITY_SECONDS
-    # a replacement was started at once and answers the next call
+    for proc in before:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+    verify._verifiers.close()  # the other stuck one, too
+    # fresh verifiers answer the next call
     assert _in_thread(lambda: fn("\\boxed{\\frac{4}{2}}", "2"))["accuracy"] == 1.0
 
 

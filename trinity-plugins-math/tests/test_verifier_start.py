@@ -1,9 +1,8 @@
-"""math-verify's worker process can be started ahead of the first comparison that needs it.
+"""math-verify's verifier processes can be started ahead of the first comparison that needs them.
 
-A runner thread's comparisons go to a worker process that takes about a second to start
-(sympy's import). ``start_verifier`` starts it without waiting (the math workflows call it
-before generating: tested in test_workflows.py); in the main thread, where comparisons run
-in-process, it starts nothing.
+Comparisons go to verifier processes that take about a second to start (sympy's import).
+``start_verifier`` starts them without waiting (the math workflows call it before generating:
+tested in test_workflows.py), from any thread.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import pytest
 import trinity_math.verify as verify
 from trinity_math.rewards import MathRewardFn
 
-pytestmark = pytest.mark.skipif(os.name != "posix", reason="the worker process is POSIX only")
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="the verifier processes are POSIX only")
 
 
 def _in_thread(call: Any) -> Any:
@@ -30,25 +29,23 @@ def _in_thread(call: Any) -> Any:
 
 
 @pytest.fixture
-def no_worker() -> Any:
-    verify._worker.close()
-    yield verify._worker
-    verify._worker.close()
+def no_verifiers() -> Any:
+    verify._verifiers.close()
+    yield verify._verifiers
+    verify._verifiers.close()
 
 
-def test_main_thread_starts_no_worker(no_worker: Any) -> None:
-    MathRewardFn().start_verifier()
-    assert no_worker._proc is None
-
-
-def test_a_runner_thread_starts_the_worker_its_first_comparison_then_uses(no_worker: Any) -> None:
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main-thread", "runner-thread"])
+def test_start_verifier_starts_the_processes_its_first_comparison_then_uses(
+    no_verifiers: Any, in_thread: bool
+) -> None:
     reward = MathRewardFn()
-    _in_thread(reward.start_verifier)
-    started = no_worker._proc
-    assert started is not None and started.poll() is None
-    assert not no_worker._ready  # started without waiting for it
-    _in_thread(reward.start_verifier)  # a second start keeps the running worker
-    assert no_worker._proc is started
-    # A fraction is no plain integer: the comparison goes to the worker started above.
+    _in_thread(reward.start_verifier) if in_thread else reward.start_verifier()
+    started = no_verifiers.processes
+    assert len(started) == verify.VERIFIER_PROCESSES and all(p.poll() is None for p in started)
+    assert not no_verifiers._started_once  # started without waiting for them
+    reward.start_verifier()  # a second start keeps the running processes
+    assert no_verifiers.processes == started
+    # A fraction is no plain integer: the comparison goes to a verifier started above.
     assert _in_thread(lambda: verify.math_equal("\\frac{14}{2}", "7")).equal
-    assert no_worker._proc is started and no_worker._ready
+    assert no_verifiers.processes == started and no_verifiers._started_once

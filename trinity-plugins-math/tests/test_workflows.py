@@ -123,8 +123,9 @@ def test_math_workflow_one_chat_call_n_samples_scored() -> None:
         {"role": "user", "content": "What is 3+4?"},
     ]
     assert [e.reward for e in exps] == pytest.approx([1.1, 0.1, -0.1, 1.1])
-    assert exps[0].metrics == {"accuracy": 1.0, "format_score": pytest.approx(0.1)}
-    assert exps[2].metrics == {"accuracy": 0.0, "format_score": pytest.approx(-0.1)}
+    counts = {"reward_refused": 0.0, "reward_timeout": 0.0}  # not reward parts: not summed
+    assert exps[0].metrics == {"accuracy": 1.0, "format_score": pytest.approx(0.1), **counts}
+    assert exps[2].metrics == {"accuracy": 0.0, "format_score": pytest.approx(-0.1), **counts}
     assert [e.eid.run for e in exps] == [10, 11, 12, 13]
     # The Experiences are the model's own: token ids, prompt split and logprobs intact.
     assert exps[0].response_length == len(RIGHT)  # character-level tokenizer
@@ -213,7 +214,7 @@ def test_math_boxed_workflow_chat_and_base_mode() -> None:
     assert kind == "generate" and args["n"] == 2
     assert prompts == [f"System: {BOXED_THINK_SYSTEM_PROMPT}\nUser:\nWhat is 3+4?\nAssistant:\n"]
     # with_think reaches the reward: no <think> block costs format_score_coef
-    assert [e.metrics for e in exps] == [
+    assert [{k: e.metrics[k] for k in ("accuracy", "format_score")} for e in exps] == [
         {"accuracy": 1.0, "format_score": -0.3},
         {"accuracy": 0.0, "format_score": -0.3},
     ]
@@ -237,18 +238,19 @@ def test_gsm8k_rows_score_unchanged() -> None:
     assert boxed.to_workflow(model).run()[0].metrics["accuracy"] == 1.0
 
 
-@pytest.mark.skipif(os.name != "posix", reason="the math-verify worker process is POSIX only")
+@pytest.mark.skipif(os.name != "posix", reason="the math-verify verifier processes are POSIX only")
 def test_math_workflow_starts_the_verifier_before_it_generates() -> None:
-    """In a runner thread, math-verify's worker (about a second to start) starts before the
-    model is called, so its start overlaps the generation instead of delaying the rewards."""
+    """In a runner thread, math-verify's verifier processes (about a second to start) start
+    before the model is called, so their start overlaps the generation instead of delaying the
+    rewards."""
     import trinity_math.verify as verify
 
     class Model(ScriptedModel):
         def chat(self, messages: list[dict[str, Any]], **rollout_args: Any) -> list[Experience]:
-            self.worker_at_call = verify._worker._proc
+            self.worker_at_call = verify._verifiers.processes
             return super().chat(messages, **rollout_args)
 
-    verify._worker.close()
+    verify._verifiers.close()
     model = Model([RIGHT, WRONG])
     workflow = make_task(MathWorkflow, repeat_times=2).to_workflow(model)
     results: list[list[Experience]] = []
@@ -256,7 +258,7 @@ def test_math_workflow_starts_the_verifier_before_it_generates() -> None:
     thread.start()
     thread.join(timeout=120)
     try:
-        assert model.worker_at_call is not None, "the worker was not started before generating"
+        assert model.worker_at_call, "the verifiers were not started before generating"
         assert [e.reward for e in results[0]] == pytest.approx([1.1, 0.1])
     finally:
-        verify._worker.close()
+        verify._verifiers.close()

@@ -14,10 +14,13 @@ metric), with the part names Trinity-RFT uses:
 Truths may be plain answers, ``\\boxed{}`` solutions or GSM8K solutions (``... #### 72``).
 Equivalence is math-verify's. A hostile answer (an exponent tower such as ``9**9**9**9``, a
 huge number, deep nesting, overly long text: see :mod:`trinity_math.guard`) is refused before
-anything evaluates it, and every other comparison is bounded by ``timeout_seconds`` (1 s by
-default, for both parses and the comparison together). Either way the answer scores 0 (the
-reward's ``refusals`` / ``timeouts`` count them, and each is logged); nothing raises, and model
-output is never executed.
+anything evaluates it, and every other comparison runs in a verifier process under a wall-time
+bound, ``timeout_seconds`` (``reward_fn_args``; 1 s by default, for the whole call), that holds
+whatever the load: a verifier that overruns is killed (see :mod:`trinity_math.verify`). Either
+way the answer scores 0, is logged, and is counted: in the reward's ``refusals`` / ``timeouts``
+and, per rollout, in the metrics ``reward_refused`` / ``reward_timeout`` (0 or 1; the math
+workflows log their means as ``rollout/reward_refused`` / ``rollout/reward_timeout``, the share
+of rollouts concerned). Nothing raises, and model output is never executed.
 """
 
 from __future__ import annotations
@@ -60,9 +63,26 @@ class _VerifyingReward(RewardFn):
     refusals: int
 
     def __init__(self, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
-        self.timeout_seconds = timeout_seconds
+        if (
+            isinstance(timeout_seconds, bool)
+            or not isinstance(timeout_seconds, (int, float))
+            or timeout_seconds <= 0
+        ):
+            raise ValueError(
+                f"{type(self).__name__}: reward_fn_args.timeout_seconds must be a positive number of "
+                f"seconds (the bound on one answer's verification), got {timeout_seconds!r}"
+            )
+        self.timeout_seconds = float(timeout_seconds)
         self.timeouts = 0
         self.refusals = 0
+        self._pending = {"reward_refused": 0.0, "reward_timeout": 0.0}
+
+    def take_metrics(self) -> dict[str, float]:
+        """``reward_refused`` / ``reward_timeout``: how many of the comparisons since the last
+        call were refused (hostile answer) or hit ``timeout_seconds`` (0 or 1 for one reward
+        call). Not reward parts: the math workflows add them to each rollout's ``metrics``."""
+        taken, self._pending = self._pending, {"reward_refused": 0.0, "reward_timeout": 0.0}
+        return taken
 
     def start_verifier(self) -> None:
         """Start math-verify's worker process now if this thread's comparisons will use it
@@ -74,6 +94,7 @@ class _VerifyingReward(RewardFn):
         verdict: Verdict = math_equal(answer, truth, self.timeout_seconds, max_chars)
         if verdict.refused:
             self.refusals += 1
+            self._pending["reward_refused"] += 1.0
             # The first one is a warning; after that (a policy that learnt the trick) debug.
             logger.log(
                 logging.WARNING if self.refusals == 1 else logging.DEBUG,
@@ -85,6 +106,7 @@ class _VerifyingReward(RewardFn):
             )
         if verdict.timed_out:
             self.timeouts += 1
+            self._pending["reward_timeout"] += 1.0
             logger.warning(
                 "%s: comparing answer %.80r with %.80r took longer than %ss; scored as wrong "
                 "(%d timeouts so far)",

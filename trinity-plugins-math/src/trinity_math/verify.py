@@ -1,23 +1,30 @@
-"""Answer equivalence with math-verify, bounded in time in any thread.
+"""Answer equivalence with math-verify, bounded in wall time in any thread and under any load.
 
 Every comparison goes through two stages:
 
 1. :func:`trinity_math.guard.refusal_reason` looks at the answer's text alone (no evaluation)
    and refuses hostile ones at once: exponent towers (``9**9**9**9``, ``10^{10^{100}}``), huge
    numbers, deep nesting, overly long text. A refused answer is not equal to anything.
-2. math-verify parses both sides and compares them, under one deadline for the whole
-   comparison (``timeout_seconds``, default 1 s, fractions allowed).
+2. math-verify parses both sides and compares them in a *verifier process*, under one deadline
+   for the whole call (``timeout_seconds``, default 1 s, fractions allowed), counted from the
+   moment the call starts (the refusal check, waiting for a free verifier and the comparison
+   all count).
 
-The deadline is a ``SIGALRM`` interval timer, which only works in a main thread; math-verify's
-own timeouts (``signal.alarm``: whole seconds, per step) are switched off. So:
+Verifier processes (``python -m trinity_math.verify``, :data:`VERIFIER_PROCESSES` of them per
+process that scores, started on first use or by :func:`prestart`) answer one comparison at a
+time. Inside one, an interval timer (``SIGALRM``) interrupts a comparison a little before the
+deadline, and it answers "timed out". A verifier that has not answered when the deadline comes
+(stuck in work no signal can interrupt: big-integer arithmetic in C, a regex) is killed and
+replaced, and the call returns at once: the deadline holds by construction, whatever the load
+and in every thread (signals alone would only work in a main thread, and not in C code). The
+other verifier is ready meanwhile, so a replacement's start (about a second: importing sympy)
+delays nobody; a call that finds none free before its deadline times out too. A timed-out call
+is not equal (the rewards score it 0 and count it). The only wait outside the deadline is the
+very first start of the verifiers in a process (the math workflows :func:`prestart` them while
+the model generates).
 
-* in the main thread we compare directly;
-* elsewhere we send the comparison to a long-lived worker process (``python -m
-  trinity_math.verify``), whose main thread can use the timer, and the caller waits with a
-  deadline a little longer: a worker that does not answer in time (stuck in code a signal
-  cannot interrupt) is killed, and a replacement is started at once.
-
-Either way a pathological answer costs about ``timeout_seconds``, never a hung runner.
+math-verify's own timeouts (``signal.alarm``: whole seconds, per step, main thread only) are
+switched off. Off POSIX, comparisons run in the calling thread under those instead.
 
 math_verify (and sympy) are imported on first use, not when this module is imported.
 """
@@ -25,6 +32,7 @@ math_verify (and sympy) are imported on first use, not when this module is impor
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
@@ -51,10 +59,17 @@ DEFAULT_TIMEOUT_SECONDS = 1.0
 # means the text is prose ("18 dollars", "The answer is 42") rather than a bare expression.
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 _ANCHORS = ("$", "\\(", "\\[", "\\boxed", "\\fbox")
-# The worker gets this long to start (importing sympy takes a few seconds on a busy machine).
+VERIFIER_PROCESSES = 2
+"""Verifier processes per scoring process: one answers while another (killed on an overrun)
+is replaced."""
+# The first verifier gets this long to start (importing sympy takes a few seconds on a busy
+# machine); this wait happens once per process and is not part of any call's deadline.
 _WORKER_START_SECONDS = 120.0
-# How much longer than its own deadline the caller waits for the worker's reply.
-_WORKER_GRACE_SECONDS = 0.5
+# A verifier's own timer fires this much before the caller's deadline (at most 20% of the
+# time left), so that it normally answers "timed out" itself and is not killed.
+_WORKER_MARGIN_SECONDS = 0.1
+# How often a caller waiting for a free or starting verifier looks again.
+_POLL_SECONDS = 0.01
 # Once the deadline has passed, the timer fires again this often, in case library code
 # swallowed the first interruption.
 _DEADLINE_REPEAT_SECONDS = 0.05
@@ -197,105 +212,195 @@ def _compare(answer: str, truth: str, step_timeout: int | None) -> Verdict:
         return Verdict(False)
 
 
-class _Worker:
+class _Verifier:
     """One ``python -m trinity_math.verify`` process answering JSON lines, one call at a time."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
-        self._ready = False  # it said "ready" (math-verify imported and warmed up)
-        self._pid = 0  # the parent pid that started it: a forked child must start its own
-
-    def _spawn(self) -> None:
-        """Start a worker without waiting for it: it gets ready while nobody needs it."""
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "trinity_math.verify"],
+        self.proc = subprocess.Popen(
+            _verifier_command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
         )
-        self._ready = False
-        self._pid = os.getpid()
+        self.ready = False  # it said "ready" (math-verify imported and warmed up)
+        self.busy = False
+        self.dead = False
 
-    def _wait_ready(self) -> None:
-        assert self._proc is not None
-        if self._ready:
-            return
-        if _readline(self._proc.stdout, _WORKER_START_SECONDS) != b"ready\n":
-            self._kill()
-            raise RuntimeError(
-                "trinity_math could not start its math-verify worker process "
-                f"({sys.executable} -m trinity_math.verify); is trinity-plugins-math installed "
-                "in this interpreter?"
-            )
-        self._ready = True
+    def check_ready(self) -> bool:
+        """Whether it is ready, without waiting (reads its "ready" line once it is there)."""
+        if self.ready or self.dead:
+            return self.ready
+        if _readline(self.proc.stdout, 0) is not None:
+            self.ready = True
+        elif self.proc.poll() is not None:
+            self.dead = True
+        return self.ready
+
+    def kill(self) -> None:
+        """Kill it now; it is reaped in the background (a caller never waits for that)."""
+        self.dead = True
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        threading.Thread(target=self._reap, name="trinity-math-reap", daemon=True).start()
+
+    def _reap(self) -> None:
+        self.proc.wait()
+        self._close_pipes()
 
     def close(self) -> None:
-        """Let the worker finish (end of its input), killing it if it does not."""
-        with self._lock:
-            if self._proc is not None and self._pid == os.getpid():
-                try:
-                    assert self._proc.stdin is not None
-                    self._proc.stdin.close()
-                    self._proc.wait(timeout=2)
-                except (OSError, subprocess.TimeoutExpired):
-                    self._proc.kill()
-                    self._proc.wait()
-                self._release()
-            self._proc = None
+        """Let it finish (end of its input), killing it if it does not."""
+        self.dead = True
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self._close_pipes()
 
-    def _kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._release()
-            self._proc = None
-
-    def _release(self) -> None:
-        assert self._proc is not None
-        for pipe in (self._proc.stdin, self._proc.stdout):
+    def _close_pipes(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
-                pipe.close()
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
-    def _ensure_started(self) -> None:
-        if self._proc is None or self._proc.poll() is not None or self._pid != os.getpid():
-            self._spawn()
 
+def _verifier_command() -> list[str]:
+    """How a verifier process is started: this interpreter, ``-m trinity_math.verify``."""
+    return [sys.executable, "-m", "trinity_math.verify"]
+
+
+class _Verifiers:
+    """The :data:`VERIFIER_PROCESSES` verifier processes of this process, shared by its threads."""
+
+    def __init__(self, size: int = VERIFIER_PROCESSES) -> None:
+        self.size = size
+        self._cond = threading.Condition()
+        self._procs: list[_Verifier] = []
+        self._pid = 0  # the pid that started them: a forked child starts its own
+        self._started_once = False  # one has been ready: later starts never delay a call
+
+    # -- pool management (under self._cond) -------------------------------------------------
+    def _fill(self) -> None:
+        if self._pid != os.getpid():  # forked: the parent's verifiers are not ours
+            self._procs, self._pid, self._started_once = [], os.getpid(), False
+        self._procs = [v for v in self._procs if not v.dead]
+        while len(self._procs) < self.size:
+            self._procs.append(_Verifier())
+
+    def _free(self) -> _Verifier | None:
+        """A ready, idle verifier, marked busy; replaces dead ones."""
+        for verifier in self._procs:
+            if not verifier.busy and verifier.check_ready():
+                verifier.busy = True
+                self._started_once = True
+                return verifier
+        if any(v.dead for v in self._procs):
+            self._fill()
+        return None
+
+    def _wait_first_start(self) -> None:
+        """Once per process: wait for the first verifier to be ready (not part of a deadline)."""
+        give_up = time.monotonic() + _WORKER_START_SECONDS
+        while not self._started_once:
+            self._fill()
+            if any(v.check_ready() for v in self._procs):
+                self._started_once = True
+                return
+            if all(v.dead for v in self._procs) or time.monotonic() > give_up:
+                for verifier in self._procs:
+                    verifier.kill()
+                self._procs = []
+                raise RuntimeError(
+                    "trinity_math could not start its math-verify verifier process "
+                    f"({' '.join(_verifier_command())}) within {_WORKER_START_SECONDS:.0f} s; is "
+                    "trinity-plugins-math installed in this interpreter?"
+                )
+            self._cond.wait(_POLL_SECONDS)
+
+    def _acquire(self, deadline: float) -> _Verifier | None:
+        with self._cond:
+            self._fill()
+            while True:
+                verifier = self._free()
+                if verifier is not None:
+                    return verifier
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(min(left, _POLL_SECONDS))
+
+    def _release(self, verifier: _Verifier) -> None:
+        with self._cond:
+            verifier.busy = False
+            self._cond.notify()
+
+    def _retire(self, verifier: _Verifier) -> None:
+        """Kill a verifier that overran or died, and start its replacement."""
+        verifier.kill()
+        with self._cond:
+            self._fill()
+            self._cond.notify()
+
+    # -- public ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the worker if none runs for this process, without waiting for it."""
-        with self._lock:
-            self._ensure_started()
+        """Start the verifiers if none run for this process, without waiting for them."""
+        with self._cond:
+            self._fill()
+
+    def close(self) -> None:
+        """Stop every verifier (they are started again on the next use)."""
+        with self._cond:
+            if self._pid == os.getpid():
+                for verifier in self._procs:
+                    verifier.close()
+            self._procs, self._started_once = [], False
+
+    @property
+    def processes(self) -> list[subprocess.Popen]:
+        """The running verifier processes (for tests and diagnostics)."""
+        with self._cond:
+            return [v.proc for v in self._procs if not v.dead]
 
     def compare(self, answer: str, truth: str, timeout_seconds: float) -> Verdict:
-        with self._lock:
-            self._ensure_started()
-            self._wait_ready()
-            assert self._proc is not None and self._proc.stdin is not None
-            request = json.dumps({"answer": answer, "truth": truth, "timeout": timeout_seconds})
-            try:
-                self._proc.stdin.write(request.encode() + b"\n")
-                self._proc.stdin.flush()
-            except BrokenPipeError:
-                self._kill()
-                raise RuntimeError(
-                    "the math-verify worker process died; it is restarted on the next call"
-                ) from None
-            # The worker keeps its own deadline; this one only catches work it cannot interrupt.
-            line = _readline(self._proc.stdout, timeout_seconds + _WORKER_GRACE_SECONDS)
-            if line is None:
-                crashed = self._proc.poll() is not None
-                logger.warning(
-                    "math-verify worker %s; restarting it", "crashed" if crashed else "did not answer in time"
-                )
-                self._kill()
-                self._spawn()
-                return Verdict(False, timed_out=True)
-            reply = json.loads(line)
-            return Verdict(reply["equal"], reply["timed_out"])
+        """The comparison in a verifier process; returns within ``timeout_seconds`` (plus a few
+        milliseconds), after the first start of the verifiers in this process."""
+        with self._cond:
+            self._wait_first_start()
+        deadline = time.monotonic() + timeout_seconds
+        verifier = self._acquire(deadline)
+        if verifier is None:
+            logger.warning(
+                "no math-verify verifier process was free within %.3g s (all busy or restarting)",
+                timeout_seconds,
+            )
+            return Verdict(False, timed_out=True)
+        left = deadline - time.monotonic()
+        own = max(1e-3, left - min(_WORKER_MARGIN_SECONDS, 0.2 * left))
+        request = json.dumps({"answer": answer, "truth": truth, "timeout": own})
+        try:
+            assert verifier.proc.stdin is not None
+            verifier.proc.stdin.write(request.encode() + b"\n")
+            verifier.proc.stdin.flush()
+            line = _readline(verifier.proc.stdout, max(0.0, deadline - time.monotonic()))
+            reply = json.loads(line) if line is not None else None
+            verdict = Verdict(bool(reply["equal"]), bool(reply["timed_out"])) if reply is not None else None
+        except (OSError, ValueError, TypeError, KeyError):  # it died between calls, or garbled
+            verdict = None
+        if verdict is None:
+            crashed = verifier.proc.poll() is not None
+            logger.warning(
+                "math-verify verifier %s; restarting it", "crashed" if crashed else "did not answer in time"
+            )
+            self._retire(verifier)
+            return Verdict(False, timed_out=True)
+        self._release(verifier)
+        return verdict
 
 
 def _readline(stream: IO[bytes] | None, timeout: float) -> bytes | None:
-    """One line from the worker, or ``None`` if none arrives within ``timeout`` seconds."""
+    """One line from a verifier, or ``None`` if none arrives within ``timeout`` seconds."""
     assert stream is not None
     ready, _, _ = select.select([stream], [], [], timeout)
     if not ready:
@@ -304,22 +409,22 @@ def _readline(stream: IO[bytes] | None, timeout: float) -> bytes | None:
     return line or None
 
 
-_worker = _Worker()
-atexit.register(_worker.close)
+_verifiers = _Verifiers()
+atexit.register(_verifiers.close)
 
 
-def _uses_worker() -> bool:
-    """Whether comparisons from this thread go to the worker process (see the module docstring)."""
-    return threading.current_thread() is not threading.main_thread() and os.name == "posix"
+def _uses_verifiers() -> bool:
+    """Whether comparisons run in verifier processes (POSIX: always, in every thread)."""
+    return os.name == "posix"
 
 
 def prestart() -> None:
-    """Start the worker process now, without waiting, if this thread's comparisons would use it.
+    """Start the verifier processes now, without waiting, if they are not running.
 
-    Its start (importing sympy and math-verify: about a second) then overlaps whatever comes
-    before the first comparison that needs it (a rollout's generation) instead of delaying it."""
-    if _uses_worker():
-        _worker.start()
+    Their start (importing sympy and math-verify: about a second) then overlaps whatever comes
+    before the first comparison (a rollout's generation) instead of delaying it."""
+    if _uses_verifiers():
+        _verifiers.start()
 
 
 def math_equal(
@@ -333,20 +438,29 @@ def math_equal(
     Both are bare answers: the caller extracts them first (``<answer>`` content, the last
     ``\\boxed{}``, a GSM8K ``#### N``). A hostile answer (or one longer than ``max_chars``) is
     refused before any evaluation: ``Verdict(False, refused=reason)``. The truth is trusted.
-    Safe to call from any thread.
+    Safe to call from any thread; returns within ``timeout_seconds`` of wall time (plus a few
+    milliseconds) once the verifier processes first started (see the module docstring), with
+    ``Verdict(False, timed_out=True)`` when the comparison did not finish in time.
     """
+    if not timeout_seconds > 0:
+        raise ValueError(f"timeout_seconds must be a positive number of seconds, got {timeout_seconds!r}")
+    start = time.monotonic()
     reason = refusal_reason(answer, max_chars)
     if reason is not None:
         return Verdict(False, refused=reason)
     plain = _plain_numbers(answer, truth)
     if plain is not None:
         # Both sides are plain integers: equal exactly when their values are, as math-verify
-        # says, without parsing (or a worker process) for the most common case.
+        # says, without parsing (or a verifier process) for the most common case.
         return Verdict(plain[0] == plain[1])
-    # Off POSIX, math-verify times out with a helper process, which works in any thread.
-    if not _uses_worker():
+    # Off POSIX: in this thread, under math-verify's own timeouts.
+    if not _uses_verifiers():
         return _compare_here(answer, truth, timeout_seconds)
-    return _worker.compare(answer, truth, timeout_seconds)
+    # The refusal check counted too (linear in the answer's length, which is capped).
+    left = timeout_seconds - (time.monotonic() - start)
+    if left <= 0:
+        return Verdict(False, timed_out=True)
+    return _verifiers.compare(answer, truth, left)
 
 
 # A plain integer: optional sign and digits, nothing else (no fraction: math-verify compares

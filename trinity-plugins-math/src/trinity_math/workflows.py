@@ -13,7 +13,9 @@ Registered names:
   ``math_dapo_reward``'s overlong penalty; the other workflows pass them to rewards that ask).
 
 Each Experience gets ``reward`` = the sum of the reward function's parts, the parts in
-``metrics``, and ``eid.run`` = ``run_id_base + i``.
+``metrics`` (with, for the verifying math rewards, ``reward_refused`` and ``reward_timeout``:
+see :meth:`trinity_math.rewards._VerifyingReward.take_metrics`), and ``eid.run`` =
+``run_id_base + i``.
 """
 
 from __future__ import annotations
@@ -167,6 +169,9 @@ class SimpleWorkflow(PromptWorkflow):
             parts = self.reward_fn(exp.response_text or "", self.truth, **kwargs)
             exp.metrics.update({name: float(value) for name, value in parts.items()})
             exp.reward = float(sum(parts.values()))
+            if callable(take := getattr(self.reward_fn, "take_metrics", None)):
+                # Counts that are not reward parts (a verifying reward's refusals, timeouts).
+                exp.metrics.update(take())
             exp.eid.run = self.run_id_base + i
         return responses
 
