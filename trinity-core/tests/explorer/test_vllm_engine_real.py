@@ -198,6 +198,26 @@ def test_the_openai_api_serves_from_a_vllm_engine(ray_engine):
         model.close()
 
 
+def test_the_token_limits_hold_on_a_vllm_engine(ray_engine):
+    """The handle applies the limits (engines/base.py) before vLLM sees a request."""
+    from trinity.explorer.engines.base import PROMPT_TRUNCATED, PromptTooLong
+
+    assert ray_engine.max_model_len == 256  # from the config, as the explorer builds it
+    prompt = [5, 6, 7, 8] * 62  # 248 tokens: room for 8 more
+    exps = ray_engine.generate_ids([prompt], SamplingArgs(n=2, max_tokens=20, min_tokens=20, seed=1))
+    assert [len(e.tokens) for e in exps] == [256, 256]
+    assert {e.info["finish_reason"] for e in exps} == {"length"}
+    with pytest.raises(PromptTooLong, match="maximum context length is 256 tokens"):
+        ray_engine.generate_ids([[5, 6, 7, 8] * 64], SamplingArgs(max_tokens=4))
+    ray_engine.max_prompt_tokens = 100
+    try:
+        exps = ray_engine.generate_ids([prompt, [5, 6, 7]], SamplingArgs(n=2, max_tokens=4, seed=2))
+    finally:
+        ray_engine.max_prompt_tokens = None
+    assert [e.info.get("truncate_status") for e in exps] == [PROMPT_TRUNCATED] * 2 + [None] * 2
+    assert not exps[0].action_mask.any() and exps[2].tokens[:3].tolist() == [5, 6, 7]
+
+
 def test_an_impossible_setting_fails_fast_in_one_line(models, ray_cpu):
     from trinity.explorer.engines.vllm_engine import create_vllm_engines
 
