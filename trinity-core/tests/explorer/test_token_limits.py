@@ -185,3 +185,18 @@ def test_the_wildcard_alias_answers_any_name(engine):
         assert reply.model == "rollout"
     finally:
         model.close()
+
+
+def test_the_step_metrics_count_what_the_limits_touched(engine):
+    from trinity.explorer.explorer import rollout_metrics
+
+    model = ModelWrapper(engine)
+    long = [{"role": "user", "content": "1+2+3+4+5+6+7+8+9 " * 8}]
+    conversation = [*HELLO, {"role": "assistant", "content": "Hello! " * 20}]
+    n = _prompt_len(engine, long)
+    with limits(engine, max_prompt_tokens=n - 1, max_model_len=n + 4):
+        exps = [*model.chat(long, n=2, max_tokens=4), *model.chat(HELLO, max_tokens=4)]
+        exps.append(model.convert_messages_to_experience(conversation))
+    metrics = rollout_metrics(exps, 1.0)
+    assert metrics["rollout/prompt_truncated_experiences"] == 2.0
+    assert metrics["rollout/response_truncated_experiences"] == 1.0

@@ -75,11 +75,16 @@ def _as_float(value: Any) -> float | None:
 def rollout_metrics(
     experiences: list[Experience], seconds: float, prefix: str = "rollout"
 ) -> dict[str, float]:
-    """Reward and length statistics, throughput, and the mean of every workflow metric
-    (values that are not finite numbers are left out)."""
+    """Reward and length statistics, throughput, the experiences the token limits touched
+    (``prompt_truncated_experiences``: placeholders of prompts over ``max_prompt_tokens``, masked
+    out of training; ``response_truncated_experiences``: conversations cut at ``max_model_len``),
+    and the mean of every workflow metric (values that are not finite numbers are left out)."""
     rewards = [float(e.reward) for e in experiences if e.reward is not None]
+    status = [(e.info or {}).get("truncate_status") for e in experiences]
     out = {
         f"{prefix}/num_experiences": float(len(experiences)),
+        f"{prefix}/prompt_truncated_experiences": float(status.count("prompt_truncated")),
+        f"{prefix}/response_truncated_experiences": float(status.count("response_truncated")),
         **_stats(f"{prefix}/reward", rewards),
         **_stats(f"{prefix}/response_length", [float(e.response_length) for e in experiences]),
         **_stats(f"{prefix}/prompt_length", [float(e.prompt_length) for e in experiences]),
