@@ -126,7 +126,8 @@ def run_stage(config: Config) -> StageResult:
     write_run_status(job_dir, "running")
     save_config(config)
     try:
-        result = _run_stage(config, start)
+        with _trainer_job_heartbeat(config):
+            result = _run_stage(config, start)
     except KeyboardInterrupt as exc:
         write_run_status(job_dir, "interrupted", f"stopped by {_stop_signal.name}")
         _remove_unstarted(config, created, start, exc)
@@ -137,6 +138,19 @@ def run_stage(config: Config) -> StageResult:
         raise
     write_run_status(job_dir, "failed" if result.shortfall else "finished", result.shortfall)
     return result
+
+
+def _trainer_job_heartbeat(config: Config) -> contextlib.AbstractContextManager[Any]:
+    """A train-only stage keeps ``<job dir>/trainer_job.json`` fresh while it runs: the sign
+    by which an explore job of the same run knows that the checkpoints it needs will come
+    (:mod:`trinity.sync.trainer_job`). Other stages write none."""
+    from trinity.placement import runs
+
+    if runs(config, "trainer") and not runs(config, "explorer"):
+        from trinity.sync.trainer_job import TrainerHeartbeat
+
+        return TrainerHeartbeat(config.checkpoint_job_dir)
+    return contextlib.nullcontext()
 
 
 #: The resolved config a run was started with, in its job folder (``config.<mode>.yaml`` for the
@@ -449,6 +463,7 @@ class _StepLoop:
         self.explorer, self.trainer = explorer, trainer
         self.synchronizer, self.monitors = synchronizer, monitors
         self.explorer_step = self.explorer_version = self.trainer_step = 0
+        self.first_explorer_step = 0  # where this stage's explorer started (> 0: resumed)
         self.empty_train_steps = 0
         self.failed_streak: list[int] = []
         self.pending_evals: list[int] = []
@@ -461,7 +476,9 @@ class _StepLoop:
         # Explore-only: when each needed checkpoint was first waited for; targets given up on.
         self.checkpoint_wait_since: dict[int, float] = {}
         self.checkpoint_given_up: set[int] = set()
-        self.said_no_trainer = False
+        # The reasons already said for exploring on without a wait; what the last wait waited on.
+        self.said_go_on: set[str] = set()
+        self.checkpoint_wait_why = ""
         self.weights: WeightTransport | None = None
         self.checkpoint_sync = config.synchronizer.sync_method == "checkpoint"
         self.explore_steps_per_batch = _explore_steps_per_batch(config)
@@ -479,6 +496,7 @@ class _StepLoop:
         if explorer is not None:
             self.explorer_step = self.get(explorer.current_step.remote(), "explorer")
             self.explorer_version = self.get(explorer.model_version.remote(), "explorer")
+            self.first_explorer_step = self.explorer_step
         if trainer is not None:
             self.trainer_step = self.get(trainer.current_step.remote(), "trainer")
             self.reader_position = self.get(trainer.reader_position.remote(), "trainer")
@@ -718,17 +736,29 @@ class _StepLoop:
         return True
 
     def checkpoint_may_run(self) -> bool:
-        """Explore-only: load the other job's newest checkpoint at the style's sync points; in
-        ``fixed`` style wait for the needed one, at most ``synchronizer.sync_timeout`` seconds,
-        once the job dir holds any checkpoint (before that no trainer job is known to run)."""
+        """Explore-only: load the other job's newest checkpoint at the style's sync points. In
+        ``fixed`` style a sync step waits for the checkpoint it needs while a train job of this
+        run is running (its heartbeat in the job dir, :mod:`trinity.sync.trainer_job`), at most
+        ``synchronizer.sync_timeout`` seconds; a train job that is gone (killed) is given
+        :data:`~trinity.sync.trainer_job.GONE_GRACE_S` to be restarted. Without a train job it
+        never waits (explore-then-train: nothing would come). A wait starts with one console
+        line saying what it waits for, another when that changes, and one when it ends without
+        the checkpoint."""
         if not self.checkpoint_sync:
             return True
+        from trinity.sync.trainer_job import checkpoint_wait, read_trainer_job
         from trinity.trainer.checkpoint import find_latest_checkpoint
 
-        found = find_latest_checkpoint(self.config.checkpoint_job_dir)
+        job_dir = self.config.checkpoint_job_dir
+        found = find_latest_checkpoint(job_dir)
         latest, path = found if found else (0, None)
-        decision = self.synchronizer.checkpoint_decision(self.explorer_step, latest, self.explorer_version)
+        # A restarted explorer (its first step here, past a sync point) holds the initial weights.
+        resumed = 0 < self.explorer_step == self.first_explorer_step
+        decision = self.synchronizer.checkpoint_decision(
+            self.explorer_step, latest, self.explorer_version, resumed=resumed
+        )
         if decision.action == "sync":
+            self.checkpoint_wait_since.pop(decision.version, None)
             self.explorer_version = self.get(
                 self.explorer.load_checkpoint.remote((path, latest)), "explorer checkpoint load"
             )
@@ -741,34 +771,45 @@ class _StepLoop:
                 {"sync/model_version": float(self.explorer_version)}, self.explorer_step
             )
             return True
-        if decision.action == "wait" and found is None:
-            # Nothing shows that a trainer job runs (Trinity-RFT waits only for a running one):
-            # an explore job on its own, as in explore-then-train, must not stall here.
-            if not self.said_no_trainer:
-                self.said_no_trainer = True
+        if decision.action != "wait" or decision.version in self.checkpoint_given_up:
+            return True
+        target, step = decision.version, self.explorer_step
+        timeout = self.config.synchronizer.sync_timeout
+        since = self.checkpoint_wait_since.get(target)
+        waited = 0.0 if since is None else time.monotonic() - since
+        trainer = read_trainer_job(job_dir)
+        verdict = checkpoint_wait(trainer, waited, timeout)
+        if verdict.action == "go_on":
+            self.checkpoint_given_up.add(target)
+            self.checkpoint_wait_since.pop(target, None)
+            if since is not None or trainer.state not in self.said_go_on:
+                # Said at the end of every wait; without one, once per reason (an explore job
+                # on its own would say it at every sync step).
+                self.said_go_on.add(trainer.state)
                 print(
-                    f"[trinity] explorer step {self.explorer_step}: no trainer checkpoint in "
-                    f"{self.config.checkpoint_job_dir} yet; exploring on with model version "
-                    f"{self.explorer_version} (fixed style waits for the needed one once a trainer "
-                    "job has saved any)",
+                    f"[trinity] explorer step {step}: no checkpoint of trainer step {target} in "
+                    f"{job_dir}: {verdict.why}; exploring on with model version {self.explorer_version}",
+                    file=sys.stderr if since is not None else sys.stdout,
                     flush=True,
                 )
             return True
-        if decision.action == "wait" and decision.version not in self.checkpoint_given_up:
-            since = self.checkpoint_wait_since.setdefault(decision.version, time.monotonic())
-            timeout = self.config.synchronizer.sync_timeout
-            if time.monotonic() - since < timeout:
-                self.explorer_wait = decision
-                return False
-            self.checkpoint_given_up.add(decision.version)
+        if since is None:
+            self.checkpoint_wait_since[target] = time.monotonic()
             print(
-                f"[trinity] explorer step {self.explorer_step}: no checkpoint of trainer step "
-                f"{decision.version} in {self.config.checkpoint_job_dir} after {timeout}s "
-                f"(synchronizer.sync_timeout); exploring on with model version {self.explorer_version}",
-                file=sys.stderr,
+                f"[trinity] explorer step {step}: waits for the trainer job's checkpoint of step "
+                f"{target} in {job_dir} ({verdict.why}; newest is step {latest}; at most "
+                f"{timeout}s, synchronizer.sync_timeout)",
                 flush=True,
             )
-        return True
+        elif verdict.why != self.checkpoint_wait_why:
+            print(
+                f"[trinity] explorer step {step}: still waits for the checkpoint of trainer step "
+                f"{target}: {verdict.why}",
+                flush=True,
+            )
+        self.checkpoint_wait_why = verdict.why
+        self.explorer_wait = decision
+        return False
 
     # -- per-step bookkeeping ------------------------------------------------------------------
 

@@ -108,7 +108,7 @@ class FakeExplorer(FakeActor):
             ref = self.submit(self.eval_s, {"eval/x/accuracy": 0.5}, f"eval (v{self.version})")
             self.busy.append((ref.end - self.eval_s, ref.end))
             return ref
-        value = {"current_step": 0, "model_version": 0, "finish": None}[name]
+        value = {"current_step": self.step, "model_version": self.version, "finish": None}[name]
         return self.submit(0, value)
 
 
@@ -362,6 +362,30 @@ def _checkpoint(job_dir, step):
         f.write(str(step))
 
 
+def _train_job_runs(job_dir, *, pid=None, age=0.0):
+    """The heartbeat a train job of the run keeps in the job dir (``pid``: this process)."""
+    import json
+    import os
+    import socket
+    import time
+
+    from trinity.sync.trainer_job import FILE
+
+    now = time.time() - age
+    record = {"pid": pid or os.getpid(), "host": socket.gethostname(), "started": now, "updated": now}
+    (job_dir / FILE).write_text(json.dumps(record))
+
+
+def _gone_pid() -> int:
+    """The pid of a process that has ended (as a SIGKILLed train job's has)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
 def _explore_only(tmp_path, monkeypatch, **kw):
     ray = FakeRay()
     config = _config(tmp_path, method="checkpoint", mode="explore", **kw)
@@ -384,6 +408,7 @@ def test_explore_only_loads_the_other_jobs_newest_checkpoint(tmp_path, monkeypat
 def test_explore_only_fixed_waits_for_the_needed_checkpoint(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TRINITY_WAIT_REPORT_S", "0.1")
     _checkpoint(tmp_path, 1)
+    _train_job_runs(tmp_path)
     ray, loop, _ = _explore_only(tmp_path, monkeypatch, style="fixed", steps=3)
     polls, clock = [], [0.0]
 
@@ -405,6 +430,7 @@ def test_explore_only_fixed_waits_for_the_needed_checkpoint(tmp_path, monkeypatc
 
 def test_explore_only_fixed_gives_up_after_sync_timeout(tmp_path, monkeypatch, capsys):
     _checkpoint(tmp_path, 1)
+    _train_job_runs(tmp_path)
     ray, loop, _ = _explore_only(tmp_path, monkeypatch, style="fixed", steps=3, timeout=1)
     clock = [0.0]
     monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
@@ -416,13 +442,148 @@ def test_explore_only_fixed_gives_up_after_sync_timeout(tmp_path, monkeypatch, c
     assert clock[0] >= 1  # it did wait, sync_timeout (virtual) seconds
 
 
-def test_an_explore_job_on_its_own_never_waits_for_a_trainer(tmp_path, monkeypatch, capsys):
-    # explore-then-train: no trainer job has written a checkpoint, none may ever come.
-    ray, loop, _ = _explore_only(tmp_path, monkeypatch, style="fixed", steps=3)
+@pytest.mark.parametrize("checkpoint", [None, 1])
+def test_an_explore_job_on_its_own_never_waits_for_a_trainer(tmp_path, monkeypatch, capsys, checkpoint):
+    # explore-then-train (no train job runs, whatever checkpoints the folder holds): none may
+    # ever come. Said once, not at every sync step.
+    if checkpoint:
+        _checkpoint(tmp_path, checkpoint)
+    ray, loop, _ = _explore_only(tmp_path, monkeypatch, style="fixed", steps=5)
     monkeypatch.setattr(launcher.time, "sleep", lambda s: pytest.fail("the explorer waited"))
     loop.run()
+    v = checkpoint or 0
+    assert ray.ordered() == [
+        *(["explore 1 (v0)", "load global_step_1"] if checkpoint else ["explore 1 (v0)"]),
+        *[f"explore {step} (v{v})" for step in range(2, 6)],
+    ]
+    out = capsys.readouterr().out
+    assert out.count("no train job runs") == 1 and "exploring on with model version" in out
+
+
+def test_the_first_sync_waits_for_a_running_train_job_before_any_checkpoint(tmp_path, monkeypatch, capsys):
+    """The job dir holds no checkpoint yet, but a train job runs: the first sync step waits for
+    its checkpoint (before, the explorer ran on with version 0 until the first one appeared)."""
+    _train_job_runs(tmp_path)
+    ray, loop, _ = _explore_only(tmp_path, monkeypatch, style="fixed", steps=5, interval=2)
+    clock, polls = [0.0], []
+
+    def sleep(seconds):
+        polls.append(loop.explorer_step)
+        clock[0] += seconds
+        if len(polls) == 5:
+            _checkpoint(tmp_path, 2)
+        if len(polls) == 10:
+            _checkpoint(tmp_path, 4)
+
+    monkeypatch.setattr(launcher.time, "sleep", sleep)
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    loop.run()
+    assert ray.ordered() == [
+        "explore 1 (v0)", "explore 2 (v0)", "load global_step_2",
+        "explore 3 (v2)", "explore 4 (v2)", "load global_step_4", "explore 5 (v4)",
+    ]  # fmt: skip
+    assert polls == [2] * 5 + [4] * 5
+    out = capsys.readouterr().out
+    # One line per wait, saying what it waits for.
+    assert out.count("waits for the trainer job's checkpoint") == 2
+    assert "explorer step 2: waits for the trainer job's checkpoint of step 2" in out
+    assert "newest is step 0" in out and "the train job runs (pid" in out
+
+
+def test_a_killed_train_job_is_waited_for_a_grace_then_the_explorer_goes_on(tmp_path, monkeypatch, capsys):
+    from trinity.sync.trainer_job import GONE_GRACE_S
+
+    pid = _gone_pid()
+    _train_job_runs(tmp_path, pid=pid)
+    ray, loop, _ = _explore_only(tmp_path, monkeypatch, style="fixed", steps=4, interval=2, timeout=3600)
+    clock = [0.0]
+
+    def sleep(seconds):
+        clock[0] += seconds
+        _train_job_runs(tmp_path, pid=pid, age=clock[0])  # its heartbeat ages with the clock
+
+    monkeypatch.setattr(launcher.time, "sleep", sleep)
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    loop.run()
+    assert ray.ordered() == ["explore 1 (v0)", "explore 2 (v0)", "explore 3 (v0)", "explore 4 (v0)"]
+    assert GONE_GRACE_S <= clock[0] < GONE_GRACE_S + 5  # waited the grace once, not per sync step
+    captured = capsys.readouterr()
+    assert "is gone (killed?); waiting up to" in captured.out
+    assert "none took over in" in captured.err and "exploring on with model version 0" in captured.err
+
+
+def test_a_restarted_train_job_ends_the_grace_and_its_checkpoint_is_loaded(tmp_path, monkeypatch, capsys):
+    _train_job_runs(tmp_path, pid=_gone_pid())
+    ray, loop, _ = _explore_only(tmp_path, monkeypatch, style="fixed", steps=3, interval=2)
+    clock, polls = [0.0], []
+
+    def sleep(seconds):
+        polls.append(seconds)
+        clock[0] += seconds
+        if len(polls) == 3:
+            _train_job_runs(tmp_path)  # the train job is restarted
+        if len(polls) == 6:
+            _checkpoint(tmp_path, 2)
+
+    monkeypatch.setattr(launcher.time, "sleep", sleep)
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    loop.run()
+    assert ray.ordered() == ["explore 1 (v0)", "explore 2 (v0)", "load global_step_2", "explore 3 (v2)"]
+    assert len(polls) == 6
+    out = capsys.readouterr().out
+    assert "is gone (killed?)" in out
+    assert "still waits for the checkpoint of trainer step 2: the train job runs (pid" in out
+
+
+@pytest.mark.parametrize(("resumed_at", "loaded"), [(3, 2), (4, 4), (1, None)])
+def test_a_restarted_explorer_first_loads_what_its_last_sync_point_needed(
+    tmp_path, monkeypatch, resumed_at, loaded
+):
+    """A restarted explore job starts from the initial weights at the step it had finished: it
+    loads the checkpoint its last sync point needed before exploring on (killed at step 3, it
+    would otherwise run step 4 with version 0), waiting for it while the train job runs."""
+    _train_job_runs(tmp_path)
+    ray, loop, _ = _explore_only(tmp_path, monkeypatch, style="fixed", steps=5, interval=2)
+    loop.explorer.step = resumed_at
+    clock, polls = [0.0], []
+
+    def sleep(seconds):
+        polls.append(loop.explorer_step)
+        clock[0] += seconds
+        _checkpoint(tmp_path, 2)
+        if len(polls) == 3:
+            _checkpoint(tmp_path, 4)
+
+    monkeypatch.setattr(launcher.time, "sleep", sleep)
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    loop.run()
+    first = ray.ordered()[0]
+    if loaded is None:  # before its first sync point: nothing to catch up on
+        assert first == f"explore {resumed_at + 1} (v0)"
+    else:
+        assert first == f"load global_step_{loaded}"
+        assert ray.ordered()[1] == f"explore {resumed_at + 1} (v{loaded})"
+
+
+def test_a_train_job_that_ended_is_not_waited_for(tmp_path, monkeypatch, capsys):
+    """A train job that ended while the explorer waited (its heartbeat removed): no checkpoint
+    will come, the explorer goes on at once and says why."""
+    from trinity.sync.trainer_job import FILE
+
+    _train_job_runs(tmp_path)
+    ray, loop, _ = _explore_only(tmp_path, monkeypatch, style="fixed", steps=3, interval=2)
+    clock = [0.0]
+
+    def sleep(seconds):
+        clock[0] += seconds
+        (tmp_path / FILE).unlink(missing_ok=True)
+
+    monkeypatch.setattr(launcher.time, "sleep", sleep)
+    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    loop.run()
     assert ray.ordered() == ["explore 1 (v0)", "explore 2 (v0)", "explore 3 (v0)"]
-    assert capsys.readouterr().out.count("no trainer checkpoint in") == 1
+    assert clock[0] <= 1.0
+    assert "no train job runs (none started, or it ended)" in capsys.readouterr().err
 
 
 def test_train_only_saves_a_checkpoint_every_trainer_sync_interval(tmp_path, monkeypatch):

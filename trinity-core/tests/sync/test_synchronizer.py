@@ -138,3 +138,35 @@ def test_checkpoint_decision_of_explore_only_jobs():
         sync = Synchronizer(2, 0, style)
         assert sync.checkpoint_decision(1, 1, 0).action == "sync"
         assert sync.checkpoint_decision(9, 1, 1).action == "run"  # never waits, no lead bound
+
+
+@pytest.mark.parametrize(
+    ("interval", "offset", "steps", "expected"),
+    [
+        (2, 0, range(0, 7), [0, 0, 2, 2, 4, 4, 6]),
+        (1, 0, range(0, 4), [0, 1, 2, 3]),
+        (2, 1, range(0, 8), [0, 0, 0, 3, 3, 5, 5, 7]),
+    ],
+)
+def test_last_sync_step_is_the_newest_sync_point_reached(interval, offset, steps, expected):
+    sync = Synchronizer(interval, offset)
+    assert [sync.last_sync_step(e) for e in steps] == expected
+    assert all(sync.is_sync_step(s) for s in set(expected) - {0})
+
+
+def test_a_resumed_explore_job_catches_up_on_its_last_sync_point():
+    """Restarted at step 3 (interval 2) with the initial weights, a fixed explorer needs version
+    2, as it had after step 2; unresumed, step 3 is no sync point."""
+    fixed = Synchronizer(2, 0)
+    assert fixed.checkpoint_decision(3, 2, 0).action == "run"
+    assert fixed.checkpoint_decision(3, 2, 0, resumed=True) == fixed.checkpoint_decision(2, 2, 0)
+    assert fixed.checkpoint_decision(3, 2, 0, resumed=True).action == "sync"
+    assert (
+        fixed.checkpoint_decision(3, 0, 0, resumed=True).action,
+        fixed.checkpoint_decision(3, 0, 0, resumed=True).version,
+    ) == ("wait", 2)
+    assert fixed.checkpoint_decision(3, 2, 2, resumed=True).action == "run"  # holds it already
+    assert fixed.checkpoint_decision(1, 0, 0, resumed=True).action == "run"  # before the first sync point
+    driven = Synchronizer(2, 0, "explorer_driven")
+    assert driven.checkpoint_decision(3, 2, 0, resumed=True).action == "sync"
+    assert driven.checkpoint_decision(3, 0, 0, resumed=True).action == "run"  # never waits

@@ -4,6 +4,8 @@
 - :mod:`trinity.sync.transport`: how one stage moves the weights — a ``WeightTransport`` per
   ``sync_method`` (``memory``, ``checkpoint``, ``nccl``) with ``open`` / ``sync`` / ``close``,
   which the launcher calls;
+- :mod:`trinity.sync.trainer_job`: the heartbeat by which a decoupled explore job knows that
+  its train job runs (and whether to wait for the checkpoint it needs);
 - :mod:`trinity.sync.memory`: the trainer's weights packed as CPU tensors (``memory``);
 - :mod:`trinity.sync.broadcast`: ``WeightSender`` (trainer, rank 0) and ``WeightReceiver``
   (each rollout rank) broadcasting over the group of :mod:`trinity.sync.group` (``GroupSpec``,

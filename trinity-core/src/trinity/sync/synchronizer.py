@@ -117,6 +117,13 @@ class Synchronizer:
         e = explorer_step - self.sync_offset
         return e > 0 and e % self.sync_interval == 0
 
+    def last_sync_step(self, explorer_step: int) -> int:
+        """The newest of the explorer's sync points at or before ``explorer_step`` (0: none)."""
+        e = explorer_step - self.sync_offset
+        if e < self.sync_interval:
+            return 0
+        return e - e % self.sync_interval + self.sync_offset
+
     def published_version(self, trainer_step: int) -> int:
         """The newest version the trainer has published after ``trainer_step`` steps
         (``trainer_driven``, ``fully_async``; and a train-only job's checkpoints)."""
@@ -167,14 +174,21 @@ class Synchronizer:
         )
 
     def checkpoint_decision(
-        self, explorer_step: int, latest_checkpoint: int, explorer_version: int
+        self, explorer_step: int, latest_checkpoint: int, explorer_version: int, resumed: bool = False
     ) -> SyncDecision:
         """Explore-only jobs: the trainer runs elsewhere and its progress is the newest
         checkpoint step on disk. ``fixed`` waits at sync steps for the needed checkpoint (the
-        launcher bounds the wait by ``sync_timeout``); ``explorer_driven`` loads the newest one
-        at its sync points; ``trainer_driven`` and ``fully_async`` whenever a newer one exists.
-        Nothing bounds the lead: the other job's steps are not visible between checkpoints."""
+        launcher bounds the wait, and waits only while a train job runs); ``explorer_driven``
+        loads the newest one at its sync points; ``trainer_driven`` and ``fully_async`` whenever
+        a newer one exists. Nothing bounds the lead: the other job's steps are not visible
+        between checkpoints.
+
+        ``resumed``: the explorer was restarted at ``explorer_step`` with the initial weights;
+        it first catches up on its last sync point (:meth:`last_sync_step`), as if it were
+        there, so a restart between sync points does not explore on with version 0."""
         e, c, v = explorer_step, latest_checkpoint, explorer_version
+        if resumed and self.sync_style in ("fixed", "explorer_driven"):
+            e = self.last_sync_step(e) or e
         if self.sync_style in ("fixed", "explorer_driven"):
             if not self.is_sync_step(e):
                 return SyncDecision("run", v, "not a sync step")

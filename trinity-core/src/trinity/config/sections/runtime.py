@@ -51,7 +51,8 @@ class SynchronizerConfig(Section):
         "explorer loaded the weights at its next step boundary. `fully_async`: nobody holds; the "
         "explorer loads published weights whenever both are between steps. `dynamic`: "
         "`fully_async`. In every style the explorer stays at most sync_offset + sync_interval steps "
-        "ahead.",
+        "ahead; a decoupled `explore` job only in `fixed` style, where each sync step, the first "
+        "included, waits for the needed checkpoint while its `train` job runs (docs/cluster.md).",
     )
     sync_interval: int = F(1, "Steps between weight syncs.", ge=1)
     explorer_sync_interval: int | None = F(None, "Explorer-side interval; unset or 0: `sync_interval`.", ge=0)
@@ -64,7 +65,8 @@ class SynchronizerConfig(Section):
     sync_offset: int = F(0, "Steps the explorer may run ahead of the trainer.", ge=0)
     sync_timeout: int = F(
         3600,
-        "Seconds to wait for a sync; with `nccl` also the limit for forming the group and each broadcast.",
+        "Seconds to wait for a sync (a decoupled `explore` job: for each checkpoint it needs); with "
+        "`nccl` also the limit for forming the group and each broadcast.",
         ge=1,
     )
     group_name: str = F(
