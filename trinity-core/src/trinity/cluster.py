@@ -302,6 +302,40 @@ def _without_head_monitors() -> Iterator[None]:
         RayParams.__init__ = default_init  # type: ignore[method-assign]
 
 
+#: The address every process of a Ray the job starts itself listens on.
+LOOPBACK = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def _loopback_node() -> Iterator[None]:
+    """While the job starts a Ray of its own: make its node address loopback, so that no process
+    of it (GCS, raylet and its object manager, workers, agents) listens on another interface.
+
+    Ray's servers listen on the node's address, but ``ray.init(_node_ip_address="127.0.0.1")``
+    alone is not enough: Ray replaces a loopback address by the machine's network address
+    (``services.resolve_ip_for_localhost``) unless its "cluster mode" is off, which is what
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` means on Linux (``ray_constants.ENABLE_RAY_CLUSTER``,
+    read once when Ray is imported, hence set here on the module too). Both are restored
+    afterwards: a Ray started here keeps the address it was given."""
+    try:
+        from ray._private import ray_constants
+    except ImportError:
+        yield
+        return
+    saved_flag = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    saved_env = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR)
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
+        else:
+            os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = saved_env
+
+
 def connect(config: Config) -> Any:
     """Connect this process to Ray for ``config``'s job (see the module docstring); return ``ray``.
 
@@ -332,9 +366,11 @@ def connect(config: Config) -> Any:
             # What Ray does for a Ray it starts (token authentication, a token made if there is
             # none), chosen explicitly so Ray does not warn about it (with a link) on every start.
             _enable_token_auth()
-        with _without_head_monitors():
+        with _without_head_monitors(), _loopback_node():
             ray.init(
                 address="local",
+                # Reachable from this machine only: nothing outside needs a job's own Ray.
+                _node_ip_address=LOOPBACK,
                 num_cpus=max(os.cpu_count() or 1, 2),
                 namespace=config.ray_namespace,
                 include_dashboard=False,

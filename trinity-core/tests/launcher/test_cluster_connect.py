@@ -285,3 +285,105 @@ def test_colocate_on_several_gpus_warns_that_it_uses_one(caplog):
         assert not caplog.records
         check_resources(_cluster_config(mode="colocate"), [_node(2)], "h:1")
     assert "mode colocate shares one GPU" in caplog.text
+
+
+# -- a job's own Ray listens on loopback only ------------------------------------------------------
+
+LISTEN_PROBE = """
+import ipaddress, json, os, time
+import psutil, ray
+from trinity.cluster import connect
+from trinity.config import Config
+
+connect(Config(ray_namespace="listen-probe"))
+actor = ray.remote(num_cpus=0)(type("Probe", (), {"pid": lambda self: os.getpid()})).remote()
+actor_pid = ray.get(actor.pid.remote())
+session = ray._private.worker.global_worker.node.get_session_dir_path()
+me = psutil.Process()
+procs = {me.pid: me, **{p.pid: p for p in me.children(recursive=True)}}
+for p in psutil.process_iter(["cmdline"]):
+    if session in " ".join(p.info["cmdline"] or []):
+        procs[p.pid] = p  # Ray's own processes name the session dir on their command line
+listening = []
+for pid, p in procs.items():
+    try:
+        listening += [(p.name(), c.laddr.ip, c.laddr.port) for c in p.net_connections("tcp") if c.status == "LISTEN"]
+    except psutil.Error:
+        pass  # ended meanwhile
+print(json.dumps({"actor": actor_pid, "pids": sorted(procs), "listening": listening}))
+ray.shutdown()
+"""
+
+
+def _is_loopback(ip: str) -> bool:
+    import ipaddress
+
+    address = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1, an IPv6 socket's view
+    return (mapped or address).is_loopback
+
+
+def test_a_local_ray_listens_on_loopback_only():
+    """A job's own Ray (no cluster named): every listening socket of the processes it started
+    (GCS, raylet, agents, the workers and the driver's core worker) is on a loopback address.
+    Ray's default is every interface (7 ports, seen from a `mode: serve` job)."""
+    pytest.importorskip("ray")
+    pytest.importorskip("psutil")  # the probe's
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", LISTEN_PROBE], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    names = {name for name, _, _ in seen["listening"]}
+    # Found the processes that serve (else the check below would pass on nothing).
+    assert {"gcs_server", "raylet"} <= names, seen
+    assert seen["actor"] in seen["pids"], seen
+    exposed = [entry for entry in seen["listening"] if not _is_loopback(entry[1])]
+    assert exposed == [], f"listening beyond loopback: {exposed}"
+
+
+def test_the_loopback_switch_is_only_on_while_a_local_ray_starts(monkeypatch):
+    """``ray.init`` of a local Ray gets a loopback node address, with Ray's cluster mode off just
+    for that call; joining a cluster passes no node address and leaves the switch alone."""
+    pytest.importorskip("ray")
+    import os
+
+    import ray
+    from ray._private import ray_constants
+
+    calls: list[dict] = []
+
+    def fake_init(**kwargs):
+        calls.append(
+            {
+                **kwargs,
+                "cluster_mode": ray_constants.ENABLE_RAY_CLUSTER,
+                "env": os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR),
+            }
+        )
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", fake_init)
+    monkeypatch.setattr(ray, "nodes", lambda: [_node()])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.delenv(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, raising=False)
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    connect(Config())
+    assert (calls[0]["_node_ip_address"], calls[0]["cluster_mode"], calls[0]["env"]) == (
+        "127.0.0.1",
+        False,
+        "0",
+    )
+    assert ray_constants.ENABLE_RAY_CLUSTER is before
+    assert ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR not in os.environ
+    monkeypatch.setattr("trinity.cluster._check_reachable", lambda *a: None)
+    monkeypatch.setattr("trinity.cluster._check_head", lambda *a: None)
+    connect(_cluster_config(ray_address="10.0.0.1:6379"))
+    assert "_node_ip_address" not in calls[1]
+    assert (calls[1]["cluster_mode"], calls[1]["env"]) == (before, None)
