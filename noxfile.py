@@ -39,10 +39,14 @@ PACKAGES = [
 ]
 
 # Extras a distribution's own tests exercise: the core's optional features (Data-Juicer
-# operator, `trinity studio`; test tools and monitors are in `dev`), AgentScope (ReAct
+# operator, `trinity studio`, the PostgreSQL driver for the SQL buffer's tests on a server named
+# by TRINITY_TEST_POSTGRES_URL; test tools and monitors are in `dev`), AgentScope (ReAct
 # workflows) and ALFWorld (its text games; builds fast-downward and jericho from source, ~14
 # minutes on a fresh machine). Only the sessions that run those tests install them.
-TEST_EXTRAS = {"trinity-core": "dev,data-juicer,studio", "trinity-plugins-agents": "agentscope,alfworld"}
+TEST_EXTRAS = {
+    "trinity-core": "dev,data-juicer,studio,postgres",
+    "trinity-plugins-agents": "agentscope,alfworld",
+}
 # The other first-party distributions a distribution's tests use: almost every test that
 # trains needs an algorithm (trinity-plugins-algos); the core's plugin tests list the math and
 # WebShop plugins; the agents' AgentScope tests grade math answers with trinity-plugins-math.

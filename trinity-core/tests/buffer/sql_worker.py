@@ -3,6 +3,8 @@
     python sql_worker.py write URL WRITER_ID COUNT BATCH [DELAY]   # writes COUNT experiences
     python sql_worker.py read URL OUT_FILE BATCH                   # reads until exhausted
     python sql_worker.py read-n URL OUT_FILE N BATCH               # reads N experiences, then exits
+    python sql_worker.py open URL GO_FILE TABLE...
+        # writes GO_FILE.<pid>.ready, then, once GO_FILE exists, opens each buffer TABLE in turn
     python sql_worker.py train URL OUT_FILE STEPS BATCH SAVE_AT STATE [RESUME_FROM]
         # a trainer's reader: RESUME_FROM (a saved state) is loaded first; then STEPS reads of
         # BATCH, each after set_step(step); the state after step SAVE_AT goes to STATE (JSON);
@@ -40,6 +42,15 @@ def make(writer: str, i: int, tokens: int = 16) -> Experience:
 
 def main(argv: list[str]) -> None:
     mode, url = argv[0], argv[1]
+    if mode == "open":
+        go, tables = argv[2], argv[3:]
+        # Imports done: say so, and wait for the others, to open the buffer all at once.
+        open(f"{go}.{os.getpid()}.ready", "w").close()
+        while not os.path.exists(go):
+            time.sleep(0.001)
+        for table in tables:
+            SQLStorage(url, table).counts()
+        return
     storage = SQLStorage(url, "exp")
     if mode == "write":
         writer_id, count, batch = argv[2], int(argv[3]), int(argv[4])

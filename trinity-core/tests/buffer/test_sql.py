@@ -1,10 +1,11 @@
-"""SQL experience storage on real SQLite files, with real concurrent processes."""
+"""SQL experience storage with real concurrent processes, on SQLite files and on a PostgreSQL
+server (the ``sql_url`` fixture runs each test on both; PostgreSQL needs
+``TRINITY_TEST_POSTGRES_URL``)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -16,17 +17,13 @@ import torch
 
 from trinity.buffer.base import BufferExhausted
 from trinity.buffer.sql import SQLReader, SQLStorage, SQLWriter
-from trinity.experience import Experience
+from trinity.experience import EID, Experience
 
 WORKER = str(Path(__file__).with_name("sql_worker.py"))
 
 
-def _url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'buffer.db'}"
-
-
-def test_roundtrip_keeps_tensors_and_columns(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_roundtrip_keeps_tensors_and_columns(sql_url, sql_rows, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     writer = SQLWriter(storage)
     writer.write([make_experience(i, model_version=3) for i in range(5)])
     got = SQLReader(storage, max_read_timeout=0).read(5)
@@ -34,15 +31,14 @@ def test_roundtrip_keeps_tensors_and_columns(tmp_path, make_experience):
     assert torch.equal(got[2].tokens, torch.arange(16))
     assert torch.equal(got[2].logprobs, torch.full((8,), -0.5))
     assert got[4].model_version == 3
-    with sqlite3.connect(tmp_path / "buffer.db") as con:
-        rows = con.execute(
-            "SELECT reward, model_version, task_id, run_id, prompt_text, consumed FROM exp"
-        ).fetchall()
+    rows = sql_rows(
+        "SELECT reward, model_version, task_id, run_id, prompt_text, consumed FROM exp ORDER BY id"
+    )
     assert rows[4] == (4.0, 3, "w/4", 1, "prompt 4", 1)
 
 
-def test_reads_fifo_in_batches_and_times_out_with_partial_batch(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_reads_fifo_in_batches_and_times_out_with_partial_batch(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     SQLWriter(storage).write([make_experience(i) for i in range(7)])
     reader = SQLReader(storage)
     assert [e.eid.task for e in reader.read(3, timeout=0)] == [0, 1, 2]
@@ -52,8 +48,8 @@ def test_reads_fifo_in_batches_and_times_out_with_partial_batch(tmp_path, make_e
     assert reader.read(2, timeout=0.05) == []  # nothing left, writer not finished: empty, no error
 
 
-def test_exhausted_only_after_every_writer_finished(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_exhausted_only_after_every_writer_finished(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     w1, w2 = SQLWriter(storage), SQLWriter(storage)
     w1.write([make_experience(0)])
     w2.write([make_experience(1)])
@@ -66,8 +62,8 @@ def test_exhausted_only_after_every_writer_finished(tmp_path, make_experience):
         reader.read(5, timeout=5)
 
 
-def test_read_waits_for_a_writer_in_another_thread(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_read_waits_for_a_writer_in_another_thread(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     writer = SQLWriter(storage)
 
     def later() -> None:
@@ -81,21 +77,104 @@ def test_read_waits_for_a_writer_in_another_thread(tmp_path, make_experience):
     assert len(got) == 4
 
 
-def test_priority_order_reads_highest_first(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp", priority_fn=lambda e: e.reward)
+def test_priority_order_reads_highest_first(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp", priority_fn=lambda e: e.reward)
     SQLWriter(storage).write([make_experience(i) for i in (3, 9, 1, 9, 5)])
     got = SQLReader(storage, order="priority").read(5, timeout=0)
     assert [e.eid.task for e in got] == [9, 9, 5, 3, 1]
 
 
-def test_storage_pickles_and_reconnects(tmp_path, make_experience):
+def test_threads_claiming_at_once_get_each_row_once(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
+    writer = SQLWriter(storage)
+    for start in range(0, 2000, 200):
+        writer.write([make_experience(i) for i in range(start, start + 200)])
+    writer.finish()
+    seen: list[list[int]] = [[], [], []]
+    errors: list[BaseException] = []
+
+    def claim(k: int) -> None:
+        reader = SQLReader(storage, max_read_timeout=5)
+        try:
+            while True:
+                got = reader.read(37)
+                assert len(got) <= 37
+                seen[k].extend(e.eid.task for e in got)
+        except BufferExhausted:
+            return
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claim, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    everything = [i for part in seen for i in part]
+    assert sorted(everything) == list(range(2000)), "a row was lost or read twice"
+
+
+def test_storage_pickles_and_reconnects(sql_url, make_experience):
     import pickle
 
-    storage = SQLStorage(_url(tmp_path), "exp")
+    storage = SQLStorage(sql_url, "exp")
     SQLWriter(storage).write([make_experience(0)])
     clone = pickle.loads(pickle.dumps(storage))
     assert clone._engine is None
     assert clone.counts()["unread"] == 1
+
+
+def test_nul_characters_and_long_task_ids_are_stored(sql_url, sql_rows):
+    # A model can emit NUL, which PostgreSQL's text columns cannot hold, and a task id can be
+    # longer than the task_id column's 256 characters, which PostgreSQL enforces.
+    exp = Experience(
+        tokens=[1, 2, 3],
+        prompt_length=1,
+        eid=EID(batch="b" * 300, task="t\x00"),
+        prompt_text="p\x00",
+        response_text="a\x00b",
+    )
+    SQLWriter(SQLStorage(sql_url, "exp")).write([exp])
+    [(uid, task_id, prompt, response)] = sql_rows("SELECT uid, task_id, prompt_text, response_text FROM exp")
+    assert (prompt, response) == ("p\ufffd", "a\ufffdb")
+    assert uid == exp.eid.uid.replace("\x00", "\ufffd")
+    assert task_id == str(exp.eid.tid).replace("\x00", "\ufffd")[:256]
+    [got] = SQLReader(SQLStorage(sql_url, "exp")).read(1, timeout=0)
+    assert (got.prompt_text, got.response_text, got.eid.task) == ("p\x00", "a\x00b", "t\x00")  # exact
+
+
+def test_a_buffer_name_too_long_for_the_database_fails_with_one_clear_line(sql_url, make_experience):
+    longest_fitting = "n" * 51  # its longest index name, ix_<name>_priority, has 63 characters
+    SQLWriter(SQLStorage(sql_url, longest_fitting)).write([make_experience(0)])
+    assert SQLStorage(sql_url, longest_fitting).counts()["total"] == 1
+    storage = SQLStorage(sql_url, "n" * 52)
+    if sql_url.startswith("sqlite"):  # no limit
+        SQLWriter(storage).write([make_experience(0)])
+        assert storage.counts()["total"] == 1
+    else:
+        with pytest.raises(
+            ValueError,
+            match=r"^SQL buffer name 'n{52}' \(52 characters\) is too long for postgresql.* at most 51 characters$",
+        ):
+            storage.counts()
+
+
+def test_processes_opening_a_new_buffer_at_once_all_succeed(tmp_path, sql_url):
+    # An explorer job and a trainer job started together both find no table and create it.
+    # Four processes open the same 20 new buffers in turn: every opening is a race.
+    go = tmp_path / "go"
+    tables = [f"fresh{k}" for k in range(20)]
+    procs = [_run("open", sql_url, str(go), *tables) for _ in range(4)]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.*.ready"))) < len(procs):  # their imports are done
+        assert all(p.poll() is None for p in procs), "a process failed before the start"
+        assert time.monotonic() < deadline, "the processes never got ready"
+        time.sleep(0.01)
+    go.touch()
+    for p in procs:
+        _check(p)
+    assert SQLStorage(sql_url, tables[-1]).counts()["total"] == 0
 
 
 def _run(*args: str) -> subprocess.Popen:
@@ -108,8 +187,8 @@ def _check(proc: subprocess.Popen, timeout: float = 120) -> None:
 
 
 @pytest.mark.e2e
-def test_four_writer_processes_two_reader_processes_exactly_once(tmp_path):
-    url = _url(tmp_path)
+def test_four_writer_processes_two_reader_processes_exactly_once(tmp_path, sql_url):
+    url = sql_url
     storage = SQLStorage(url, "exp")
     # Readers stop once every *registered* writer has finished; a fast writer can finish before
     # a slow one has even started, so a gate writer stays open until all four registered.
@@ -135,11 +214,13 @@ def test_four_writer_processes_two_reader_processes_exactly_once(tmp_path):
 
 
 @pytest.mark.e2e
-def test_sigkill_mid_batch_leaves_a_consistent_database(tmp_path):
-    url = _url(tmp_path)
+def test_sigkill_mid_batch_leaves_a_consistent_database(tmp_path, sql_url, sql_rows):
+    url = sql_url
     storage = SQLStorage(url, "exp")
     batch = 100
-    writer = _run("write", url, "victim", "-1", str(batch))
+    # On PostgreSQL the writer's connection is named, to see when the server has ended it.
+    victim_url = url if url.startswith("sqlite") else f"{url}?application_name=victim"
+    writer = _run("write", victim_url, "victim", "-1", str(batch))
     deadline = time.monotonic() + 60
     while storage.counts()["total"] < 20 * batch:
         assert writer.poll() is None, writer.stderr.read()
@@ -149,10 +230,16 @@ def test_sigkill_mid_batch_leaves_a_consistent_database(tmp_path):
     writer.wait()
     assert writer.returncode == -signal.SIGKILL
 
-    with sqlite3.connect(tmp_path / "buffer.db") as con:
-        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        total = con.execute("SELECT count(*) FROM exp").fetchone()[0]
-        blobs = con.execute("SELECT count(*) FROM exp_blobs").fetchone()[0]
+    if url.startswith("sqlite"):
+        assert sql_rows("PRAGMA integrity_check") == [("ok",)]
+    else:
+        # A server ends a dead client's session (rolling back its open transaction) once it sees
+        # the closed connection; a COMMIT sent just before the kill may still be applied until then.
+        while sql_rows("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'victim'") != [(0,)]:
+            assert time.monotonic() < deadline + 60, "the server kept the killed writer's session"
+            time.sleep(0.05)
+    [(total,)] = sql_rows("SELECT count(*) FROM exp")
+    [(blobs,)] = sql_rows("SELECT count(*) FROM exp_blobs")
     assert total == blobs, "a row without its blob (or the reverse) survived the crash"
     assert total % batch == 0, "a partial batch was committed"
     # The dead writer never finished, so readers cannot see the end; read everything with a timeout.
@@ -164,8 +251,10 @@ def test_sigkill_mid_batch_leaves_a_consistent_database(tmp_path):
 
 
 @pytest.mark.e2e
-def test_reader_restarted_in_a_new_process_continues_where_reading_stopped(tmp_path, make_experience):
-    url = _url(tmp_path)
+def test_reader_restarted_in_a_new_process_continues_where_reading_stopped(
+    tmp_path, sql_url, make_experience
+):
+    url = sql_url
     writer = SQLWriter(SQLStorage(url, "exp"))
     writer.write([make_experience(i) for i in range(100)])
     writer.finish()

@@ -1,17 +1,18 @@
 """SQL buffer: idempotent writes by experience id, and a trainer resumed from a checkpoint
-re-reading exactly what the lost steps had consumed (real SQLite files, real processes)."""
+re-reading exactly what the lost steps had consumed (real processes; each test on a SQLite file
+and on PostgreSQL, see the ``sql_url`` fixture)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import signal
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from trinity.buffer.sql import SQLReader, SQLStorage, SQLWriter
 from trinity.experience import EID
@@ -19,20 +20,11 @@ from trinity.experience import EID
 WORKER = str(Path(__file__).with_name("sql_worker.py"))
 
 
-def _url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'buffer.db'}"
-
-
-def _rows(tmp_path: Path, sql: str) -> list[tuple]:
-    with sqlite3.connect(tmp_path / "buffer.db") as con:
-        return con.execute(sql).fetchall()
-
-
 # -- idempotent writes -----------------------------------------------------------------------
 
 
-def test_a_redone_batch_is_skipped_counted_and_logged_once(tmp_path, make_experience, caplog):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_a_redone_batch_is_skipped_counted_and_logged_once(sql_url, make_experience, caplog):
+    storage = SQLStorage(sql_url, "exp")
     writer = SQLWriter(storage)
     writer.write([make_experience(i) for i in range(10)])
     with caplog.at_level(logging.WARNING, logger="trinity.buffer.sql_io"):
@@ -43,8 +35,10 @@ def test_a_redone_batch_is_skipped_counted_and_logged_once(tmp_path, make_experi
     assert len(warnings) == 1 and "skipped 10 of 10" in warnings[0].getMessage()
 
 
-def test_a_partly_redone_batch_stores_only_the_new_rows_with_their_own_blobs(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_a_partly_redone_batch_stores_only_the_new_rows_with_their_own_blobs(
+    sql_url, sql_rows, make_experience
+):
+    storage = SQLStorage(sql_url, "exp")
     writer = SQLWriter(storage)
     writer.write([make_experience(i) for i in range(0, 6)])
     writer.write([make_experience(i) for i in range(3, 9)])  # 3..5 stored already
@@ -52,21 +46,23 @@ def test_a_partly_redone_batch_stores_only_the_new_rows_with_their_own_blobs(tmp
     got = SQLReader(storage).read(20, timeout=0)
     assert [e.eid.task for e in got] == list(range(9))
     # Every row has its own experience's blob (no blob shifted onto a neighbour's row).
-    rows = _rows(tmp_path, "SELECT e.uid, length(b.blob) FROM exp e JOIN exp_blobs b ON b.id = e.id")
+    rows = sql_rows("SELECT e.uid, length(b.blob) FROM exp e JOIN exp_blobs b ON b.id = e.id ORDER BY e.id")
     assert len(rows) == 9 and [uid for uid, _ in rows] == [e.eid.uid for e in got]
-    assert _rows(tmp_path, "SELECT count(*) FROM exp_blobs") == [(9,)]
+    assert sql_rows("SELECT count(*) FROM exp_blobs") == [(9,)]
 
 
-def test_repeated_ids_inside_one_batch_are_all_kept_and_a_redo_still_skips_them(tmp_path, make_experience):
+def test_repeated_ids_inside_one_batch_are_all_kept_and_a_redo_still_skips_them(
+    sql_url, sql_rows, make_experience
+):
     # A workflow that emits several experiences per run without numbering eid.step.
-    storage = SQLStorage(_url(tmp_path), "exp")
+    storage = SQLStorage(sql_url, "exp")
     batch = [make_experience(0) for _ in range(3)]
     batch[1].reward, batch[2].reward = 1.0, 2.0
     writer = SQLWriter(storage)
     writer.write(batch)
     writer.write(batch)
     assert writer.written == 3 and writer.duplicates == 3
-    assert sorted(r for (r,) in _rows(tmp_path, "SELECT uid FROM exp")) == [
+    assert sorted(r for (r,) in sql_rows("SELECT uid FROM exp")) == [
         "w/0/0/0",
         "w/0/0/0#1",
         "w/0/0/0#2",
@@ -74,8 +70,8 @@ def test_repeated_ids_inside_one_batch_are_all_kept_and_a_redo_still_skips_them(
     assert [e.reward for e in SQLReader(storage).read(5, timeout=0)] == [0.0, 1.0, 2.0]
 
 
-def test_the_same_batch_written_by_two_processes_at_once_is_stored_once(tmp_path):
-    url = _url(tmp_path)
+def test_the_same_batch_written_by_two_processes_at_once_is_stored_once(sql_url, sql_rows):
+    url = sql_url
     SQLStorage(url, "exp").counts()
     procs = [
         subprocess.Popen(
@@ -86,8 +82,8 @@ def test_the_same_batch_written_by_two_processes_at_once_is_stored_once(tmp_path
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
-    assert _rows(tmp_path, "SELECT count(*), count(DISTINCT uid) FROM exp") == [(3000, 3000)]
-    assert _rows(tmp_path, "SELECT count(*) FROM exp_blobs") == [(3000,)]
+    assert sql_rows("SELECT count(*), count(DISTINCT uid) FROM exp") == [(3000, 3000)]
+    assert sql_rows("SELECT count(*) FROM exp_blobs") == [(3000,)]
     got = SQLReader(SQLStorage(url, "exp")).read(4000, timeout=0)
     assert sorted(e.eid.task for e in got) == list(range(3000))
 
@@ -95,8 +91,8 @@ def test_the_same_batch_written_by_two_processes_at_once_is_stored_once(tmp_path
 # -- resume from a checkpoint ----------------------------------------------------------------
 
 
-def _train(tmp_path: Path, out: str, steps: int, save_at: int, resume: Path | None = None) -> None:
-    args = [sys.executable, WORKER, "train", _url(tmp_path), str(tmp_path / out), str(steps), "10"]
+def _train(url: str, tmp_path: Path, out: str, steps: int, save_at: int, resume: Path | None = None) -> None:
+    args = [sys.executable, WORKER, "train", url, str(tmp_path / out), str(steps), "10"]
     args += [str(save_at), str(tmp_path / f"state_{out}.json")]
     if resume is not None:
         args.append(str(resume))
@@ -113,29 +109,31 @@ def _steps(path: Path) -> dict[int, list[str]]:
 
 
 @pytest.mark.e2e
-def test_a_trainer_resumed_from_step_3_rereads_exactly_steps_4_and_5(tmp_path, make_experience):
-    writer = SQLWriter(SQLStorage(_url(tmp_path), "exp"))
+def test_a_trainer_resumed_from_step_3_rereads_exactly_steps_4_and_5(
+    tmp_path, sql_url, sql_rows, make_experience
+):
+    writer = SQLWriter(SQLStorage(sql_url, "exp"))
     writer.write([make_experience(i) for i in range(100)])
     # Trainer process 1 trains steps 1..5 (10 experiences each), checkpoints after step 3, dies.
-    _train(tmp_path, "first", steps=5, save_at=3)
+    _train(sql_url, tmp_path, "first", steps=5, save_at=3)
     first = _steps(tmp_path / "first")
     assert sorted(first) == [1, 2, 3, 4, 5]
-    assert _rows(tmp_path, "SELECT count(*) FROM exp WHERE consumed = 1") == [(50,)]
-    assert _rows(tmp_path, "SELECT consumed_step, count(*) FROM exp GROUP BY 1 ORDER BY 1")[1:] == [
-        (s, 10) for s in range(1, 6)
-    ]
+    assert sql_rows("SELECT count(*) FROM exp WHERE consumed = 1") == [(50,)]
+    assert sql_rows(
+        "SELECT consumed_step, count(*) FROM exp WHERE consumed_step IS NOT NULL GROUP BY 1 ORDER BY 1"
+    ) == [(s, 10) for s in range(1, 6)]
     # Trainer process 2 resumes from the step-3 checkpoint and trains steps 4..6.
-    _train(tmp_path, "second", steps=3, save_at=-1, resume=tmp_path / "state_first.json")
+    _train(sql_url, tmp_path, "second", steps=3, save_at=-1, resume=tmp_path / "state_first.json")
     second = _steps(tmp_path / "second")
     assert second[4] == first[4] and second[5] == first[5], "lost steps must get the same batches"
     assert second[6] == [f"w/{i}/{i % 3}/0" for i in range(50, 60)], "then reading goes on"
     trained = first[1] + first[2] + first[3] + second[4] + second[5] + second[6]
     assert len(trained) == len(set(trained)) == 60, "after the resume nothing is trained twice"
-    assert _rows(tmp_path, "SELECT count(*) FROM exp WHERE consumed = 1") == [(60,)]
+    assert sql_rows("SELECT count(*) FROM exp WHERE consumed = 1") == [(60,)]
 
 
-def test_loading_a_state_gives_back_only_this_readers_later_rows(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_loading_a_state_gives_back_only_this_readers_later_rows(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     SQLWriter(storage).write([make_experience(i) for i in range(40)])
     mine, other = SQLReader(storage), SQLReader(storage)
     mine.read(5, timeout=0)  # 0..4
@@ -144,7 +142,7 @@ def test_loading_a_state_gives_back_only_this_readers_later_rows(tmp_path, make_
     assert [e.eid.task for e in mine.read(5, timeout=0)] == [10, 11, 12, 13, 14]
     assert [e.eid.task for e in mine.read(5, timeout=0)] == [15, 16, 17, 18, 19]
 
-    resumed = SQLReader(SQLStorage(_url(tmp_path), "exp"))
+    resumed = SQLReader(SQLStorage(sql_url, "exp"))
     resumed.load_state_dict(saved)
     assert resumed.released == 10
     assert [e.eid.task for e in resumed.read(10, timeout=0)] == list(range(10, 20))
@@ -156,8 +154,8 @@ def test_loading_a_state_gives_back_only_this_readers_later_rows(tmp_path, make_
     assert storage.counts()["unread"] == 40 - 23
 
 
-def test_resuming_twice_from_the_same_checkpoint_gives_the_same_batches(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_resuming_twice_from_the_same_checkpoint_gives_the_same_batches(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     SQLWriter(storage).write([make_experience(i, writer="x") for i in range(30)])
     reader = SQLReader(storage)
     reader.read(4, timeout=0)
@@ -169,16 +167,18 @@ def test_resuming_twice_from_the_same_checkpoint_gives_the_same_batches(tmp_path
         assert [e.eid.uid for e in again.read(4, timeout=0)] == lost
 
 
-def test_a_table_from_an_older_version_fails_with_a_clear_message(tmp_path):
-    with sqlite3.connect(tmp_path / "buffer.db") as con:
-        con.execute("CREATE TABLE exp (id INTEGER PRIMARY KEY, consumed INTEGER)")
+def test_a_table_from_an_older_version_fails_with_a_clear_message(sql_url):
+    engine = sa.create_engine(sql_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE exp (id INTEGER PRIMARY KEY, consumed INTEGER)")
+    engine.dispose()
     with pytest.raises(RuntimeError, match=r"older trinity-core.*no column uid.*new database file"):
-        SQLStorage(_url(tmp_path), "exp").counts()
+        SQLStorage(sql_url, "exp").counts()
 
 
-def test_uids_include_step_and_suffix(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_uids_include_step_and_suffix(sql_url, sql_rows, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     exps = [make_experience(1), make_experience(1)]
     exps[1].eid = EID(batch="w", task=1, run=1, step=2, suffix="turn")
     SQLWriter(storage).write(exps)
-    assert sorted(r for (r,) in _rows(tmp_path, "SELECT uid FROM exp")) == ["w/1/1/0", "w/1/1/2/turn"]
+    assert sorted(r for (r,) in sql_rows("SELECT uid FROM exp")) == ["w/1/1/0", "w/1/1/2/turn"]

@@ -1,6 +1,7 @@
 """Writers ending steps (``end_step``) and readers expecting them (``expect_step``); experience
 ids prefixed with their run; refusing a buffer another run left unread rows in; giving back
-the reads after a trainer position (real SQLite files; the queue tests start a small local Ray)."""
+the reads after a trainer position (the SQL tests on a SQLite file and on PostgreSQL, see the
+``sql_url`` fixture; the queue tests start a small local Ray)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from trinity.buffer.base import STEP_ENDED, TIMED_OUT, BufferExhausted
 from trinity.buffer.factory import check_buffer_is_free, get_buffer_reader, release_reads_after, run_name
@@ -60,8 +62,8 @@ def _config(tmp_path: Path, experience_buffer: dict[str, Any], *, project: str =
 # -- SQL: reads cut short by ended steps -----------------------------------------------------
 
 
-def test_sql_read_returns_a_short_batch_once_the_writer_ended_the_step(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_sql_read_returns_a_short_batch_once_the_writer_ended_the_step(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     writer = SQLWriter(storage)
     writer.write([make_experience(i) for i in range(3)])
     writer.end_step(1)
@@ -78,8 +80,8 @@ def test_sql_read_returns_a_short_batch_once_the_writer_ended_the_step(tmp_path,
     assert [e.eid.task for e in reader.read(2)] == [3, 4] and reader.short_reason is None
 
 
-def test_sql_read_of_an_ended_step_without_experiences_is_empty_not_exhausted(tmp_path):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_sql_read_of_an_ended_step_without_experiences_is_empty_not_exhausted(sql_url):
+    storage = SQLStorage(sql_url, "exp")
     SQLWriter(storage).end_step(1)  # every task of step 1 failed: nothing written
     reader = SQLReader(storage, max_read_timeout=LONG)
     reader.expect_step(1)
@@ -88,8 +90,8 @@ def test_sql_read_of_an_ended_step_without_experiences_is_empty_not_exhausted(tm
     assert storage.counts() == {"total": 0, "unread": 0, "writers": 1, "open_writers": 1}
 
 
-def test_sql_read_waits_for_a_step_the_writer_has_not_ended(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_sql_read_waits_for_a_step_the_writer_has_not_ended(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     writer = SQLWriter(storage)
     writer.write([make_experience(i) for i in range(3)])  # step 1 still running
     reader = SQLReader(storage)
@@ -107,8 +109,8 @@ def test_sql_read_waits_for_a_step_the_writer_has_not_ended(tmp_path, make_exper
     assert got == [] and reader.short_reason == TIMED_OUT and seconds >= 0.3
 
 
-def test_sql_read_returns_short_only_when_every_writer_ended_the_step(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_sql_read_returns_short_only_when_every_writer_ended_the_step(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     w1, w2 = SQLWriter(storage), SQLWriter(storage)
     w1.write([make_experience(0, writer="a")])
     w1.end_step(1)
@@ -124,8 +126,8 @@ def test_sql_read_returns_short_only_when_every_writer_ended_the_step(tmp_path, 
     assert reader.short_reason == STEP_ENDED and seconds < QUICK
 
 
-def test_sql_a_finished_writer_does_not_hold_readers_back(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_sql_a_finished_writer_does_not_hold_readers_back(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     done, running = SQLWriter(storage), SQLWriter(storage)
     done.write([make_experience(0, writer="done")])
     done.finish()  # never ended a step
@@ -139,11 +141,11 @@ def test_sql_a_finished_writer_does_not_hold_readers_back(tmp_path, make_experie
 
 
 def test_sql_rows_written_between_the_last_claim_and_end_step_are_still_read(
-    tmp_path, make_experience, monkeypatch
+    sql_url, make_experience, monkeypatch
 ):
     # The reader claims (nothing yet), then the writer stores rows and ends the step, then the
     # reader sees the step ended: it must claim once more rather than return without them.
-    url = _url(tmp_path)
+    url = sql_url
     writer = SQLWriter(SQLStorage(url, "exp"))
     writer.end_step(0)
     storage = SQLStorage(url, "exp")
@@ -170,11 +172,11 @@ def test_sql_rows_written_between_the_last_claim_and_end_step_are_still_read(
     assert storage.counts()["unread"] == 0
 
 
-def test_sql_concurrent_writer_thread_steps_are_read_in_full(tmp_path, make_experience):
+def test_sql_concurrent_writer_thread_steps_are_read_in_full(sql_url, make_experience):
     # The same race left to the scheduler: for each of 20 steps, once the reader has started
     # waiting for it, a writer thread writes 0-3 rows (after a varying pause) and ends the step.
     # Every row of a step must be read by that step's read.
-    url = _url(tmp_path)
+    url = sql_url
     writer = SQLWriter(SQLStorage(url, "exp"))
     writer.end_step(0)
     sizes = [i % 4 for i in range(20)]
@@ -207,23 +209,21 @@ def test_sql_concurrent_writer_thread_steps_are_read_in_full(tmp_path, make_expe
     assert per_step == sizes
 
 
-def test_sql_old_writers_table_gets_the_new_columns_on_open(tmp_path, make_experience):
+def test_sql_old_writers_table_gets_the_new_columns_on_open(sql_url, sql_rows, make_experience):
     # A database made before ended_step and run existed: an open writer of that version, its rows.
-    storage = SQLStorage(_url(tmp_path), "exp")
+    storage = SQLStorage(sql_url, "exp")
     SQLWriter(storage).write([make_experience(i) for i in range(2)])
-    with sqlite3.connect(tmp_path / "buffer.db") as con:
-        con.execute("DROP TABLE exp_writers")
-        con.execute(
-            "CREATE TABLE exp_writers (writer_id VARCHAR(64) NOT NULL PRIMARY KEY, "
-            "started_at FLOAT NOT NULL, finished_at FLOAT, pid INTEGER)"
-        )
-        con.execute("INSERT INTO exp_writers VALUES ('old', 1.0, NULL, 1)")
-    reopened = SQLStorage(_url(tmp_path), "exp")
+    sql_rows("DROP TABLE exp_writers")
+    sql_rows(
+        "CREATE TABLE exp_writers (writer_id VARCHAR(64) NOT NULL PRIMARY KEY, "
+        "started_at FLOAT NOT NULL, finished_at FLOAT, pid INTEGER)"
+    )
+    sql_rows("INSERT INTO exp_writers VALUES ('old', 1.0, NULL, 1)")
+    reopened = SQLStorage(sql_url, "exp")
     assert reopened.counts() == {"total": 2, "unread": 2, "writers": 1, "open_writers": 1}
-    with sqlite3.connect(tmp_path / "buffer.db") as con:
-        columns = [row[1] for row in con.execute("PRAGMA table_info(exp_writers)")]
-        assert columns == ["writer_id", "started_at", "finished_at", "pid", "ended_step", "run", "host"]
-        assert con.execute("SELECT ended_step FROM exp_writers").fetchall() == [(None,)]
+    columns = [c["name"] for c in sa.inspect(reopened.engine).get_columns("exp_writers")]
+    assert columns == ["writer_id", "started_at", "finished_at", "pid", "ended_step", "run", "host"]
+    assert sql_rows("SELECT ended_step FROM exp_writers") == [(None,)]
     new = SQLWriter(reopened)
     new.write([make_experience(2)])
     new.end_step(1)
@@ -233,7 +233,7 @@ def test_sql_old_writers_table_gets_the_new_columns_on_open(tmp_path, make_exper
     reopened.end_step("old", 1)
     assert reader.read(8, timeout=LONG) == [] and reader.short_reason == STEP_ENDED
     # Opening it again (the column is there now) changes nothing.
-    assert SQLStorage(_url(tmp_path), "exp").steps_ended(1)
+    assert SQLStorage(sql_url, "exp").steps_ended(1)
 
 
 # -- SQL: runs -------------------------------------------------------------------------------
@@ -245,16 +245,15 @@ def test_run_uids_prefix_the_run_and_keep_in_batch_repeats_apart(make_experience
     assert run_uids("proj/run", exps) == ["proj/run:w/0/0/0", "proj/run:w/0/0/0#1", "proj/run:w/1/1/0"]
 
 
-def test_two_runs_writing_the_same_ids_both_store_them(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_two_runs_writing_the_same_ids_both_store_them(sql_url, sql_rows, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     first, second = SQLWriter(storage, run="proj/a"), SQLWriter(storage, run="proj/b")
     first.write([make_experience(i) for i in range(4)])
     second.write([make_experience(i) for i in range(4)])
     assert first.written == second.written == 4 and second.duplicates == 0
     first.write([make_experience(i) for i in range(2, 6)])  # a redone step of run a: 2 and 3 again
     assert first.duplicates == 2 and first.written == 6
-    with sqlite3.connect(tmp_path / "buffer.db") as con:
-        uids = [uid for (uid,) in con.execute("SELECT uid FROM exp ORDER BY id")]
+    uids = [uid for (uid,) in sql_rows("SELECT uid FROM exp ORDER BY id")]
     assert uids == [f"proj/a:w/{i}/{i % 3}/0" for i in range(4)] + [
         f"proj/b:w/{i}/{i % 3}/0" for i in range(4)
     ] + [f"proj/a:w/{i}/{i % 3}/0" for i in range(4, 6)]
@@ -262,8 +261,8 @@ def test_two_runs_writing_the_same_ids_both_store_them(tmp_path, make_experience
     assert [e.eid.task for e in got] == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5]  # the experiences keep their eid
 
 
-def test_unread_of_other_runs_counts_only_other_runs_unread_rows(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_unread_of_other_runs_counts_only_other_runs_unread_rows(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     SQLWriter(storage, run="proj/run").write([make_experience(i) for i in range(3)])
     SQLWriter(storage, run="proj/run2").write([make_experience(i) for i in range(2)])  # a prefix of it
     SQLWriter(storage, run="proj/runX1").write([make_experience(i) for i in range(2)])  # "_" is no wildcard
@@ -277,8 +276,8 @@ def test_unread_of_other_runs_counts_only_other_runs_unread_rows(tmp_path, make_
     assert storage.unread_of_other_runs("nobody") == (3, "proj/runX1:w/0/0/0")
 
 
-def test_check_buffer_is_free_refuses_unread_rows_of_another_run(tmp_path, make_experience):
-    url = _url(tmp_path)
+def test_check_buffer_is_free_refuses_unread_rows_of_another_run(tmp_path, sql_url, make_experience):
+    url = sql_url
     config = _config(tmp_path, {"name": "exp", "storage_type": "sql", "path": url})
     assert run_name(config) == "proj/run"
     check_buffer_is_free(config)  # an empty buffer
@@ -314,8 +313,8 @@ def test_check_buffer_is_free_looks_at_queue_mirrors_and_rows_without_a_run(tmp_
 # -- runs: a restarted explorer, and run names that differ only in case ---------------------
 
 
-def test_the_writer_of_a_crashed_explorer_does_not_hold_the_continued_run_back(tmp_path, make_experience):
-    url = _url(tmp_path)
+def test_the_writer_of_a_crashed_explorer_does_not_hold_the_continued_run_back(sql_url, make_experience):
+    url = sql_url
     crashed = SQLWriter(SQLStorage(url, "exp"), run="proj/run")
     crashed.end_step(0)
     crashed.write([make_experience(i) for i in range(2)])
@@ -336,8 +335,8 @@ def test_the_writer_of_a_crashed_explorer_does_not_hold_the_continued_run_back(t
     assert reader.short_reason == STEP_ENDED  # the killed explorer's writer does not hold it back
 
 
-def test_unread_of_other_runs_tells_runs_apart_by_case(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_unread_of_other_runs_tells_runs_apart_by_case(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     SQLWriter(storage, run="proj/Run").write([make_experience(0)])
     assert storage.unread_of_other_runs("proj/run") == (1, "proj/Run:w/0/0/0")
 
@@ -345,8 +344,8 @@ def test_unread_of_other_runs_tells_runs_apart_by_case(tmp_path, make_experience
 # -- giving back the reads after a position --------------------------------------------------
 
 
-def test_release_reads_after_gives_back_the_rows_read_after_the_position(tmp_path, make_experience):
-    url = _url(tmp_path)
+def test_release_reads_after_gives_back_the_rows_read_after_the_position(tmp_path, sql_url, make_experience):
+    url = sql_url
     config = _config(tmp_path, {"name": "exp", "storage_type": "sql", "path": url})
     SQLWriter(SQLStorage(url, "exp")).write([make_experience(i) for i in range(10)])
     reader = get_buffer_reader(config.buffer.trainer_input.experience_buffer)
@@ -472,8 +471,8 @@ def _read_steps(reader: Any, steps: Any, n: int) -> list[tuple[list[str], str | 
     return out
 
 
-def test_sql_reads_of_a_step_leave_the_later_steps_rows(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_sql_reads_of_a_step_leave_the_later_steps_rows(sql_url, sql_rows, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     uids = _ahead(make_experience, SQLWriter(storage))
     reader = SQLReader(storage, max_read_timeout=LONG)
     assert _read_steps(reader, [1, 2, 3], 4) == [
@@ -481,16 +480,15 @@ def test_sql_reads_of_a_step_leave_the_later_steps_rows(tmp_path, make_experienc
         (uids[2], None),
         (uids[3], None),
     ]
-    with sqlite3.connect(tmp_path / "buffer.db") as con:
-        assert con.execute("SELECT explorer_step, count(*) FROM exp GROUP BY 1").fetchall() == [
-            (1, 3),
-            (2, 4),
-            (3, 4),
-        ]
+    assert sql_rows("SELECT explorer_step, count(*) FROM exp GROUP BY 1 ORDER BY 1") == [
+        (1, 3),
+        (2, 4),
+        (3, 4),
+    ]
 
 
-def test_sql_a_bounded_read_takes_earlier_leftovers_and_rows_of_no_known_step(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_sql_a_bounded_read_takes_earlier_leftovers_and_rows_of_no_known_step(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     writer = SQLWriter(storage)
     # Step 1 made more rows than one read takes (step-wise episodes beyond train_batch_size).
     writer.write([make_experience(i, writer=1) for i in range(6)])
@@ -511,24 +509,22 @@ def test_sql_a_bounded_read_takes_earlier_leftovers_and_rows_of_no_known_step(tm
 
 
 def test_sql_old_experience_table_gets_explorer_step_and_its_rows_are_read_by_any_step(
-    tmp_path, make_experience
+    sql_url, sql_rows, make_experience
 ):
-    storage = SQLStorage(_url(tmp_path), "exp")
+    storage = SQLStorage(sql_url, "exp")
     old = SQLWriter(storage)
     old.write([make_experience(i, writer=5) for i in range(2)])
     old.finish()
-    with sqlite3.connect(tmp_path / "buffer.db") as con:  # as a table made before the column
-        con.execute("ALTER TABLE exp DROP COLUMN explorer_step")
-    reopened = SQLStorage(_url(tmp_path), "exp")
+    sql_rows("ALTER TABLE exp DROP COLUMN explorer_step")  # as a table made before the column
+    reopened = SQLStorage(sql_url, "exp")
     writer = SQLWriter(reopened)
     writer.write([make_experience(2, writer=1)])
     writer.end_step(1)
-    with sqlite3.connect(tmp_path / "buffer.db") as con:
-        assert con.execute("SELECT uid, explorer_step FROM exp ORDER BY id").fetchall() == [
-            ("5/0/0/0", None),
-            ("5/1/1/0", None),
-            ("1/2/2/0", 1),
-        ]
+    assert sql_rows("SELECT uid, explorer_step FROM exp ORDER BY id") == [
+        ("5/0/0/0", None),
+        ("5/1/1/0", None),
+        ("1/2/2/0", 1),
+    ]
     reader = SQLReader(reopened, max_read_timeout=LONG)
     assert _read_steps(reader, [1], 8) == [(["5/0/0/0", "5/1/1/0", "1/2/2/0"], STEP_ENDED)]
 
@@ -640,8 +636,8 @@ def test_pid_alive_tells_running_killed_and_zombie_processes_apart():
     assert not pid_alive(proc.pid)
 
 
-def test_sql_read_stops_waiting_when_every_writer_was_killed(tmp_path, make_experience):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_sql_read_stops_waiting_when_every_writer_was_killed(sql_url, make_experience):
+    storage = SQLStorage(sql_url, "exp")
     writer = SQLWriter(storage, run="proj/run")
     writer.write([make_experience(i, writer=1) for i in range(2)])
     writer.end_step(1)
@@ -656,8 +652,8 @@ def test_sql_read_stops_waiting_when_every_writer_was_killed(tmp_path, make_expe
     assert reader.writers_gone.endswith("and no explorer took over")
 
 
-def test_sql_read_keeps_waiting_for_a_restarted_explorer_that_takes_over(tmp_path, make_experience):
-    url = _url(tmp_path)
+def test_sql_read_keeps_waiting_for_a_restarted_explorer_that_takes_over(sql_url, make_experience):
+    url = sql_url
     storage = SQLStorage(url, "exp")
     killed = SQLWriter(storage, run="proj/run")
     killed.end_step(1)
@@ -682,11 +678,11 @@ def test_sql_read_keeps_waiting_for_a_restarted_explorer_that_takes_over(tmp_pat
     assert reader.writers_gone is None and seconds >= 3.0
 
 
-def test_sql_the_killed_writer_of_an_earlier_run_does_not_hold_a_new_run_back(tmp_path, make_experience):
+def test_sql_the_killed_writer_of_an_earlier_run_does_not_hold_a_new_run_back(sql_url, make_experience):
     # A job that failed (or was killed) after its explore step 1 never finished its writer. A
     # later run on the same buffer whose step 2 has no experience (every task failed) must end
     # that step as on a fresh buffer, not wait max_read_timeout for the dead writer's step 2.
-    url = _url(tmp_path)
+    url = sql_url
     storage = SQLStorage(url, "exp")
     failed = SQLWriter(storage, run="proj/failed")
     failed.end_step(1)
@@ -711,8 +707,8 @@ def test_sql_the_killed_writer_of_an_earlier_run_does_not_hold_a_new_run_back(tm
         reader.read(4)
 
 
-def test_sql_writers_on_other_hosts_are_never_taken_for_gone(tmp_path):
-    storage = SQLStorage(_url(tmp_path), "exp")
+def test_sql_writers_on_other_hosts_are_never_taken_for_gone(sql_url):
+    storage = SQLStorage(sql_url, "exp")
     writer_id = SQLWriter(storage)._register()
     _kill_writer_process(storage, writer_id)
     assert storage.gone_writers()[0] == 1 and len(storage.gone_writers()[1]) == 1

@@ -44,6 +44,7 @@ from trinity.buffer.sql_schema import (
     RowInserter,
     add_missing_columns,
     check_columns,
+    check_name_lengths,
     create_sql_engine,
     define_tables,
     normalise_url,
@@ -60,11 +61,19 @@ if TYPE_CHECKING:
 __all__ = ["SQLReader", "SQLStorage", "SQLWriter", "normalise_url", "table_name_for"]
 
 _TEXT_LIMIT = 1_000_000  # keep pathological texts from bloating the queryable columns
+_TASK_ID_LIMIT = 256  # the declared length of the task_id column (PostgreSQL enforces it)
 _INIT_LOCK = threading.Lock()
 
 
-def _clip(text: str | None) -> str | None:
-    return text if text is None or len(text) <= _TEXT_LIMIT else text[:_TEXT_LIMIT]
+def _clip(text: str | None, limit: int = _TEXT_LIMIT) -> str | None:
+    """``text`` as a queryable column stores it: at most ``limit`` characters, NUL characters
+    replaced by U+FFFD (PostgreSQL's text types cannot hold NUL; a model can emit one). The
+    blob keeps the exact experience."""
+    if text is None:
+        return None
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    return text if len(text) <= limit else text[:limit]
 
 
 def _unique_uids(experiences: Sequence[Experience]) -> list[str]:
@@ -137,21 +146,31 @@ class SQLStorage:
         engine = create_sql_engine(self.url)
         metadata = sa.MetaData()
         tables = define_tables(metadata, self.table_name)
-        # Under BEGIN IMMEDIATE, concurrent creators serialise; "already exists" can still come
-        # from a creator on another engine that won the race, so redo the check (quickly: the
-        # winner is done); any other transient error waits like every other statement.
+        check_name_lengths(metadata, engine.dialect, self.table_name)
+
+        def create() -> None:
+            metadata.create_all(engine, checkfirst=True)
+            check_columns(engine, tables[0], self.url)
+            add_missing_columns(engine, tables[0], ADDED_EXPERIENCE_COLUMNS)
+            add_missing_columns(engine, tables[2], ADDED_WRITER_COLUMNS)
+
+        # Processes opening a new buffer at once (an explorer and a trainer job) all see no table
+        # and create it; the losers fail once the winner commits, so they look again (quickly:
+        # the winner is done). SQLite says "already exists"; PostgreSQL says so for a table or a
+        # column, or fails a catalog's unique index ("duplicate key value ... pg_type_...").
+        # Any other transient error waits like every other statement.
         race = tenacity.Retrying(
             retry=tenacity.retry_if_exception(
-                lambda e: isinstance(e, sa.exc.OperationalError) and "already exists" in str(e)
+                lambda e: (
+                    isinstance(e, sa.exc.DBAPIError)
+                    and ("already exists" in str(e) or "duplicate key" in str(e))
+                )
             ),
             stop=tenacity.stop_after_attempt(5),
             wait=tenacity.wait_incrementing(0.05, 0.05),
             reraise=True,
         )
-        self._retry(lambda: race(metadata.create_all, engine, checkfirst=True), "creating the tables")
-        check_columns(engine, tables[0], self.url)
-        add_missing_columns(engine, tables[0], ADDED_EXPERIENCE_COLUMNS)
-        add_missing_columns(engine, tables[2], ADDED_WRITER_COLUMNS)
+        self._retry(lambda: race(create), "creating the tables")
         self._tables = tables
         self._inserter = RowInserter(tables[0], tables[1], engine.dialect)
         self._engine, self._pid = engine, os.getpid()
@@ -292,12 +311,12 @@ class SQLStorage:
         prio = self.priority_fn
         return [
             {
-                "uid": uid,
+                "uid": _clip(uid, len(uid)),
                 "consumed": 0,
                 "priority": float(prio(exp)) if prio else 0.0,
                 "reward": None if exp.reward is None else float(exp.reward),
                 "model_version": int(exp.model_version),
-                "task_id": str(exp.eid.tid),
+                "task_id": _clip(str(exp.eid.tid), _TASK_ID_LIMIT),
                 "run_id": int(exp.eid.run),
                 "explorer_step": exp.eid.explorer_step,
                 "prompt_text": _clip(exp.prompt_text),

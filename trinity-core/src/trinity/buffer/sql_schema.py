@@ -179,6 +179,21 @@ def check_columns(engine: sa.Engine, table: sa.Table, url: str) -> None:
         )
 
 
+def check_name_lengths(metadata: sa.MetaData, dialect: sa.Dialect, buffer: str) -> None:
+    """Fail with one clear line when the buffer's table or index names (its name plus up to 12
+    characters) are longer than the database allows (PostgreSQL: 63 characters; SQLite: no limit)."""
+    names = [n for t in metadata.tables.values() for n in (t.name, *(i.name for i in t.indexes)) if n]
+    longest = max(names, key=len)
+    limit = dialect.max_identifier_length
+    if len(longest) > limit:
+        allowed = len(buffer) - (len(longest) - limit)
+        raise ValueError(
+            f"SQL buffer name {buffer!r} ({len(buffer)} characters) is too long for {dialect.name}, whose "
+            f"names have at most {limit} characters (the longest the buffer needs, {longest!r}, has "
+            f"{len(longest)}): use a buffer name of at most {allowed} characters"
+        )
+
+
 def add_missing_columns(engine: sa.Engine, table: sa.Table, columns: Sequence[tuple[str, str]]) -> None:
     """Add nullable ``columns`` (``(name, SQL type)``) that ``table``, made by an older
     trinity-core, lacks. Old rows stay valid: NULL means "not known" (a writer of no known run
