@@ -154,7 +154,7 @@ def test_serve_and_train(tmp_path, math_job, job_env, engine):
             messages, ids = [{"role": "user", "content": question}], []
             for _ in range(turns):
                 answer = client.chat.completions.create(
-                    model="tiny",
+                    model=str(tmp_path / "model"),  # the served model's path
                     messages=messages,
                     max_tokens=6,
                     extra_headers={"X-Trinity-Conversation": conversation},

@@ -258,12 +258,17 @@ def test_auxiliary_models_inherit_the_limits_or_split_their_own() -> None:
         Config(
             model={"model_path": "m", "max_model_len": 1000, "max_response_tokens": 200},
             explorer={
-                "auxiliary_models": [{"model_path": "judge"}, {"model_path": "rm", "max_model_len": 64}]
+                "auxiliary_models": [
+                    {"model_path": "judge"},
+                    {"model_path": "rm", "max_model_len": 64},
+                    {"model_path": "long", "max_prompt_tokens": 3500},
+                ]
             },
             buffer={"batch_size": 1, "explorer_input": {"tasksets": [{"path": "t.jsonl"}]}},
         )
     )
-    judge, rm = config.explorer.auxiliary_models
+    judge, rm, long = config.explorer.auxiliary_models
     assert (judge.max_model_len, judge.max_prompt_tokens, judge.max_response_tokens) == (1000, 800, 200)
     assert (rm.max_model_len, rm.max_prompt_tokens, rm.max_response_tokens) == (64, 32, 32)
+    assert (long.max_model_len, long.max_prompt_tokens, long.max_response_tokens) == (3700, 3500, 200)
     assert judge.enable_prompt_truncation is True

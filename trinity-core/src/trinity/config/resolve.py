@@ -409,9 +409,16 @@ def _resolve_explorer(c: Config) -> None:
                 "required key is missing; an auxiliary model needs its own model_path",
                 key=f"explorer.auxiliary_models[{i}].model_path",
             )
-        # As Trinity-RFT: the trained model's limits where unset; an auxiliary model that sets
-        # its own max_model_len splits that instead of inheriting the trained model's split.
-        inherited = _LENGTH_FIELDS if aux.max_model_len is None else _LENGTH_FIELDS[3:]
+        # As Trinity-RFT: the trained model's limits where unset. An auxiliary model that sets
+        # its own max_model_len splits that; one that sets only its prompt or response limit
+        # takes the other part from the trained model and their sum as its max_model_len.
+        given = [f for f in _LENGTH_FIELDS[:3] if getattr(aux, f) is not None]
+        if not given:
+            inherited = _LENGTH_FIELDS
+        elif "max_model_len" in given:
+            inherited = _LENGTH_FIELDS[3:]
+        else:
+            inherited = ("max_prompt_tokens", "max_response_tokens", *_LENGTH_FIELDS[3:])
         for field in inherited:
             if getattr(aux, field) is None:
                 setattr(aux, field, getattr(m, field))
