@@ -36,15 +36,16 @@ PACKAGES = [
     "trinity-plugins-math",
     "trinity-plugins-webshop",
     "trinity-plugins-agents",
+    "trinity-studio",
 ]
 
 # Extras a distribution's own tests exercise: the core's optional features (Data-Juicer
-# operator, `trinity studio`, the PostgreSQL driver for the SQL buffer's tests on a server named
+# operator, the PostgreSQL driver for the SQL buffer's tests on a server named
 # by TRINITY_TEST_POSTGRES_URL; test tools and monitors are in `dev`), AgentScope (ReAct
 # workflows) and ALFWorld (its text games; builds fast-downward and jericho from source, ~14
 # minutes on a fresh machine). Only the sessions that run those tests install them.
 TEST_EXTRAS = {
-    "trinity-core": "dev,data-juicer,studio,postgres",
+    "trinity-core": "dev,data-juicer,postgres",
     "trinity-plugins-agents": "agentscope,alfworld",
 }
 # The other first-party distributions a distribution's tests use: almost every test that
@@ -56,6 +57,8 @@ TEST_NEEDS = {
     "trinity-plugins-math": ["trinity-plugins-algos"],
     "trinity-plugins-webshop": ["trinity-plugins-algos"],
     "trinity-plugins-agents": ["trinity-plugins-algos", "trinity-plugins-math"],
+    # the config builder's component pickers are tested on GRPO/PPO and the math workflows
+    "trinity-studio": ["trinity-plugins-algos", "trinity-plugins-math"],
 }
 
 
@@ -131,9 +134,9 @@ def agents_example(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Every benchmark in benchmarks/ (each prints ratios measured side by side)."""
-    # They use the core (openai, selenium: dev), the algos plugin and the math workflows;
-    # vllm_engine.py and vs_trl.py say where they run instead (`vllm -- bench`, `bench_trl`).
-    install(session, "trinity-plugins-algos", "trinity-plugins-math", core_extras="dev")
+    # They use the core (openai, selenium: dev), the algos plugin, the math workflows and the
+    # studio; vllm_engine.py and vs_trl.py say where they run instead (`vllm -- bench`, `bench_trl`).
+    install(session, "trinity-plugins-algos", "trinity-plugins-math", "trinity-studio", core_extras="dev")
     for script in sorted(os.listdir("benchmarks")):
         if script.endswith(".py") and not script.startswith("_"):
             session.run("python", f"benchmarks/{script}")

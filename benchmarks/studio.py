@@ -39,7 +39,7 @@ class Server:
     def __init__(self, root: str) -> None:
         import uvicorn
 
-        from trinity.studio.app import create_app
+        from trinity_studio.app import create_app
 
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from trinity.studio.demo import make_demo_run, write_jsonl_experiences
+    from trinity_studio.demo import make_demo_run, write_jsonl_experiences
 
     driver = browser()
     if driver is None:

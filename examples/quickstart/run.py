@@ -17,6 +17,7 @@ The work folder is recreated on every run (it must be empty or an earlier quicks
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import signal
@@ -114,7 +115,12 @@ def summary(config_path: Path, seconds: float) -> dict[str, float]:
     print(f"actor logs: {rl / 'log'}")
     if (rl / "buffer").is_dir():
         print(f"trained experiences (SQLite): {rl / 'buffer'}")
-    print(f"runs, configs and experiences in the browser: trinity studio --root {rl.parent.parent.parent}")
+    studio = f"trinity studio --root {rl.parent.parent.parent}"
+    if importlib.util.find_spec("trinity_studio") is None:  # its own distribution: say how to get it
+        from trinity.plugins import install_hint
+
+        studio = f"{install_hint('trinity-studio')}, then {studio}"
+    print(f"runs, configs and experiences in the browser: {studio}")
     if checkpoints:
         print("use the trained model (transformers):\n" + use_model_snippet(checkpoints[-1]))
     print("=" * 72)

@@ -171,7 +171,7 @@ def test_the_terminal_shows_whole_lines_and_no_noise(job):
 def test_the_run_folders_hold_what_the_studio_shows(job):
     from fastapi.testclient import TestClient
 
-    from trinity.studio.app import create_app
+    from trinity_studio.app import create_app
 
     root, _ = job
     jobs = root / "checkpoints" / "console" / "job"

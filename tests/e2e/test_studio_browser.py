@@ -77,7 +77,7 @@ def _free_port() -> int:
 def studio_root(tmp_path_factory) -> Path:
     from trinity.monitor.tensorboard import TensorboardMonitor
     from trinity.run_status import write_run_status
-    from trinity.studio.demo import make_demo_run, write_jsonl_experiences
+    from trinity_studio.demo import make_demo_run, write_jsonl_experiences
 
     root = tmp_path_factory.mktemp("studio_browser")
     make_demo_run(str(root), steps=8, experiences=60)
@@ -95,7 +95,7 @@ def studio(studio_root):
     """The base URL of a studio served from a thread for the whole module."""
     import uvicorn
 
-    from trinity.studio.app import create_app
+    from trinity_studio.app import create_app
 
     port = _free_port()
     server = uvicorn.Server(
@@ -314,7 +314,7 @@ def test_expert_mode_shows_every_section(browser, studio):
 
 
 def test_reward_curve_of_a_finished_run(browser, studio):
-    from trinity.studio.demo import reward_at
+    from trinity_studio.demo import reward_at
 
     _open(browser, f"{studio}/#runs", 'tr[data-run="demo/tiny"]')
     row = _css(browser, 'tr[data-run="demo/tiny"]')[0]
@@ -335,7 +335,7 @@ def test_reward_curve_of_a_finished_run(browser, studio):
 def test_open_an_experience_and_see_its_token_colouring(browser, studio, studio_root):
     from selenium.webdriver.support.ui import Select
 
-    from trinity.studio.demo import demo_experiences
+    from trinity_studio.demo import demo_experiences
 
     source = studio_root / "demo" / "tiny" / "buffer" / "experiences.db"
     _open(browser, f"{studio}/#experiences?source={source}", "#exp-table-rows tbody tr[data-id]")
@@ -386,7 +386,7 @@ def test_a_runs_saved_config_opens_on_the_runs_page(browser, studio):
 
 
 def test_tokens_show_as_text_decoded_with_the_runs_tokenizer(browser, studio, studio_root):
-    from trinity.studio.demo import demo_experiences
+    from trinity_studio.demo import demo_experiences
 
     source = studio_root / "demo" / "tiny" / "buffer" / "experiences.db"
     _open(browser, f"{studio}/#experiences?source={source}", "#exp-table-rows tbody tr[data-id]")

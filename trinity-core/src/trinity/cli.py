@@ -1,9 +1,11 @@
 """The ``trinity`` command.
 
-Kept light on purpose: ``trinity --help`` and ``trinity plugins`` import no torch, ray or
-transformers. The subcommands in ``_LAZY_COMMANDS`` (``debug``, ``buffer``, ``log``, ``convert``)
-are imported only when invoked, and ``run`` imports the launcher only after the config has been
-validated.
+Every subcommand comes through the ``register_commands`` hook (kind ``command``): the core
+registers its own here (:func:`register_commands`, a core plugin of :mod:`trinity.plugins`),
+plugins add theirs (trinity-studio's ``trinity studio``). Kept light on purpose: ``trinity --help``
+and ``trinity plugins`` import no torch, ray or transformers. The heavier core commands
+(``debug``, ``buffer``, ``log``, ``convert``) are :class:`LazyCommand` objects, imported only
+when invoked, and ``run`` imports the launcher only after the config has been validated.
 """
 
 from __future__ import annotations
@@ -12,54 +14,105 @@ import importlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from trinity import __version__
-
-# name -> (module, attribute, short help); imported only when the subcommand is used.
-_LAZY_COMMANDS = {
-    "debug": (
-        "trinity.explorer.debug",
-        "debug",
-        "Try a workflow on a few tasks, serve the job's models, or view experiences.",
-    ),
-    "buffer": ("trinity.buffer.cli", "buffer_group", "Inspect experience buffers."),
-    "studio": ("trinity.studio.cli", "studio", "Configure, launch and inspect runs in the browser."),
-    "log": ("trinity.logs", "log_command", "Print a run's actor logs merged by time."),
-    "convert": (
-        "trinity.trainer.convert",
-        "convert_command",
-        "Convert a veRL FSDP checkpoint to a Hugging Face model folder.",
-    ),
-}
+from trinity import __version__, hookimpl
+from trinity.hookspecs import RegisterCommand
 
 EXIT_CONFIG_ERROR = 2
 EXIT_PLUGIN_ERROR = 3
 
+#: Commands that first-party distributions register, by name: ``trinity <name>`` without the
+#: distribution says how to install it.
+COMMAND_PROVIDERS = {"studio": "trinity-studio"}
 
-class _LazyGroup(click.Group):
-    """A group whose heavier subcommands are imported only when invoked, not for ``--help``."""
+
+class LazyCommand(click.Command):
+    """A command registered by name and import path (``"module:attribute"``), imported only when
+    it runs, so ``trinity --help`` lists it (with ``short_help``) without loading its module.
+
+    Register it like any command: ``register("debug", LazyCommand("debug", "pkg.mod:debug",
+    "Try a workflow."))``. An :class:`ImportError` (a missing optional dependency) becomes one
+    line naming the command.
+    """
+
+    def __init__(self, name: str, import_path: str, short_help: str) -> None:
+        super().__init__(name, short_help=short_help, help=short_help)
+        self.import_path = import_path
+
+    def load(self) -> click.Command:
+        """The real command (its module imported now)."""
+        module, _, attr = self.import_path.partition(":")
+        try:
+            command = getattr(importlib.import_module(module), attr)
+        except ImportError as exc:
+            raise click.ClickException(f"'trinity {self.name}' is unavailable: {exc}") from exc
+        if not isinstance(command, click.Command):
+            raise click.ClickException(f"'trinity {self.name}': {self.import_path} is not a click command")
+        return command
+
+    def make_context(self, info_name, args, parent=None, **extra):  # type: ignore[no-untyped-def]
+        # Run on its own (not through the `trinity` group, which resolves it first): the real
+        # command parses the arguments, and the context it makes invokes it.
+        return self.load().make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        return ctx.command.invoke(ctx)  # the real command's context (make_context above)
+
+
+def _registered_commands() -> dict[str, click.Command]:
+    """``{name: command}`` of every loaded plugin (the core's own included)."""
+    from trinity.plugins import get_component, list_components
+
+    return {name: get_component("command", name) for name in list_components("command")}
+
+
+def _missing_command_error(name: str) -> click.ClickException | None:
+    """Why a first-party command is not there (its distribution is not installed, failed to
+    load, or is blocked by the allow/deny lists), as one line; ``None`` for any other name."""
+    from trinity.plugins import install_hint, plugin_infos
+
+    distribution = COMMAND_PROVIDERS.get(name)
+    if distribution is None:
+        return None
+    for info in plugin_infos(include_disabled=True):
+        if info.name.split(":")[0] != distribution:
+            continue
+        if info.disabled:
+            return click.ClickException(
+                f"'trinity {name}' comes from {distribution}, which is {info.disabled}"
+            )
+        if info.error:
+            return click.ClickException(
+                f"'trinity {name}' comes from {distribution}, which failed to load: {info.error}"
+            )
+    return click.ClickException(f"'trinity {name}' needs {distribution}: {install_hint(distribution)}")
+
+
+class _Group(click.Group):
+    """The ``trinity`` group: its commands are the ``command`` components of the plugin
+    manager; a :class:`LazyCommand` is imported when invoked, not for ``--help``."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), *_LAZY_COMMANDS])
+        return sorted({*super().list_commands(ctx), *_registered_commands()})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in _LAZY_COMMANDS:
-            return super().get_command(ctx, name)
-        module, attr, _ = _LAZY_COMMANDS[name]
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except ImportError as exc:
-            raise click.ClickException(f"'trinity {name}' is unavailable: {exc}") from exc
+        command = super().get_command(ctx, name) or _registered_commands().get(name)
+        if isinstance(command, LazyCommand):
+            return command.load()
+        if command is None:
+            error = _missing_command_error(name)
+            if error is not None:
+                raise error
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        registered = _registered_commands()
         rows = []
         for name in self.list_commands(ctx):
-            if name in _LAZY_COMMANDS:
-                rows.append((name, _LAZY_COMMANDS[name][2]))
-                continue
-            command = super().get_command(ctx, name)
+            command = super().get_command(ctx, name) or registered.get(name)
             if command is not None and not command.hidden:
                 rows.append((name, command.get_short_help_str(formatter.width - 6 - len(name))))
         if rows:
@@ -83,7 +136,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
         ctx.exit()
 
 
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--version",
     is_flag=True,
@@ -96,7 +149,7 @@ def cli() -> None:
     """Trinity: reinforcement fine-tuning for LLMs (minimal core + plugins)."""
 
 
-@cli.command()
+@click.command()
 @click.option(
     "--all",
     "show_all",
@@ -191,7 +244,7 @@ def _check_paths_or_exit(config, *, network: bool) -> None:
         sys.exit(EXIT_CONFIG_ERROR)
 
 
-@cli.command()
+@click.command()
 @click.option(
     "-c",
     "--config",
@@ -225,10 +278,43 @@ def run(config_path: str, plugin_dirs: tuple[str, ...], dry_run: bool) -> None:
     sys.exit(launch(config))
 
 
+@hookimpl
+def register_commands(register: RegisterCommand) -> None:
+    """The core's own commands, registered like any plugin's."""
+    register("run", run)
+    register("plugins", plugins)
+    register(
+        "debug",
+        LazyCommand(
+            "debug",
+            "trinity.explorer.debug:debug",
+            "Try a workflow on a few tasks, serve the job's models, or view experiences.",
+        ),
+    )
+    register(
+        "buffer", LazyCommand("buffer", "trinity.buffer.cli:buffer_group", "Inspect experience buffers.")
+    )
+    register(
+        "log", LazyCommand("log", "trinity.logs:log_command", "Print a run's actor logs merged by time.")
+    )
+    register(
+        "convert",
+        LazyCommand(
+            "convert",
+            "trinity.trainer.convert:convert_command",
+            "Convert a veRL FSDP checkpoint to a Hugging Face model folder.",
+        ),
+    )
+
+
 def main() -> None:
     """Console-script entry point."""
     cli(prog_name="trinity")
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m trinity.cli`: run the group of the module `trinity.cli`, whose classes the
+    # registered commands share (this __main__ copy has its own LazyCommand class).
+    from trinity.cli import main as _main
+
+    _main()

@@ -1,7 +1,8 @@
 """The pluggy hook specifications of Trinity's plugin API (v1).
 
 Every hook is called with exactly one keyword argument, ``register``: a callable
-``register(name: str, component: type)``. The host owns the callback, so it can check the type
+``register(name: str, component)``; the component is a class (``register_commands``: a
+``click.Command``). The host owns the callback, so it can check the type
 of what a plugin hands it and remember which plugin registered each name.
 
 Each hook declares, with :func:`registers`, the component kind it fills: the kind name
@@ -24,6 +25,8 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 Register = Callable[[str, type], None]
+#: ``register`` of :func:`register_commands`: a name and a ``click.Command`` object.
+RegisterCommand = Callable[[str, Any], None]
 
 KIND_ATTRIBUTE = "trinity_kind"
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -39,13 +42,16 @@ class KindSpec:
     name: str
     base: str
     providers: tuple[tuple[str, str], ...] = ()
+    instances: bool = False  # components are instances of ``base`` (commands), not subclasses
 
 
-def registers(kind: str, base: str, providers: tuple[tuple[str, str], ...] = ()) -> Callable[[_F], _F]:
+def registers(
+    kind: str, base: str, providers: tuple[tuple[str, str], ...] = (), *, instances: bool = False
+) -> Callable[[_F], _F]:
     """Mark a hookspec with the component kind it registers (see :class:`KindSpec`)."""
 
     def mark(func: _F) -> _F:
-        setattr(func, KIND_ATTRIBUTE, KindSpec(kind, base, providers))
+        setattr(func, KIND_ATTRIBUTE, KindSpec(kind, base, providers, instances))
         return func
 
     return mark
@@ -123,3 +129,13 @@ def register_operators(register: Register) -> None:
     """Register data-processor operators (kind ``operator``): ``ExperienceOperator`` subclasses
     for ``data_processor.experience_pipeline`` and ``TaskOperator`` subclasses for
     ``data_processor.task_pipeline``; the core registers the built-ins itself."""
+
+
+@hookspec
+@registers("command", "click:Command", (("trinity-studio", "studio"),), instances=True)
+def register_commands(register: RegisterCommand) -> None:
+    """Register ``trinity`` subcommands (kind ``command``): ``click.Command`` objects (a
+    ``click.Group`` for a command with subcommands), e.g. ``register("studio", studio)``. The
+    core registers its own (``run``, ``plugins``, ``debug``, ...) the same way; a
+    :class:`trinity.cli.LazyCommand` imports its module only when the command runs, which keeps
+    ``trinity --help`` light."""

@@ -44,6 +44,8 @@ import pluggy
 from trinity import hookspecs
 
 if TYPE_CHECKING:
+    from click import Command
+
     from trinity.algorithm.advantage import AdvantageFn
     from trinity.algorithm.algorithm_type import AlgorithmType
     from trinity.algorithm.entropy import EntropyLossFn
@@ -61,11 +63,12 @@ ENV_DIRS = "TRINITY_PLUGIN_DIRS"
 ENV_TRACE = "TRINITY_TRACE_HOOKS"
 
 #: Modules of trinity-core that implement hooks for the core's own components (the built-in
-#: selectors), by plugin name. They are registered before any plugin and whatever the allow /
+#: selectors, operators and commands), by plugin name. They are registered before any plugin and whatever the allow /
 #: deny lists say, so those names always resolve; ``trinity plugins`` does not list them.
 CORE_PLUGINS: dict[str, str] = {
     "trinity-core": "trinity.buffer.selector",
     "trinity-core/operators": "trinity.data.builtin",
+    "trinity-core/commands": "trinity.cli",
 }
 
 
@@ -117,7 +120,7 @@ def install_hint(*distributions: str, extra: str | None = None) -> str:
     from the current folder (``pip install ./trinity-plugins-math`` at the clone's root, the
     folder's absolute path elsewhere); otherwise it says where to run it
     (``pip install ./trinity-plugins-math (from a clone of Trinity)``). An extra of an editable
-    install keeps it editable (``pip install -e './trinity-core[studio]'``).
+    install keeps it editable (``pip install -e './trinity-core[data-juicer]'``).
     """
     specs = [_install_spec(dist, extra) for dist in distributions]
     editable = bool(extra) and all(
@@ -140,14 +143,28 @@ def _install_hint_for(providers: tuple[tuple[str, str], ...]) -> str:
 
 @dataclass(frozen=True)
 class Kind:
-    """A kind of component: the hook that registers it, the base class it must subclass, and
-    the first-party distributions with components of that kind (read from
-    :mod:`trinity.hookspecs`)."""
+    """A kind of component: the hook that registers it, the base class it must subclass (or,
+    with ``instances``, be an instance of), and the first-party distributions with components
+    of that kind (read from :mod:`trinity.hookspecs`)."""
 
     name: str
     hook: str
     base: str  # "module:Class", imported on first type check to keep this module light
     providers: tuple[tuple[str, str], ...] = ()
+    instances: bool = False
+
+    def accepts(self, component: Any) -> bool:
+        """Whether ``component`` may be registered as this kind."""
+        base = self.base_class()
+        if self.instances:
+            return isinstance(component, base)
+        return isinstance(component, type) and issubclass(component, base)
+
+    def requirement(self) -> str:
+        """What :meth:`accepts` asks for, for messages: ``a subclass of pkg.mod.Base``."""
+        base = self.base_class()
+        relation = "an instance" if self.instances else "a subclass"
+        return f"{relation} of {base.__module__}.{base.__qualname__}"
 
     @property
     def install_hint(self) -> str:
@@ -168,7 +185,7 @@ def _kinds_from_hookspecs() -> dict[str, Kind]:
     for hook, func in vars(hookspecs).items():
         spec = getattr(func, hookspecs.KIND_ATTRIBUTE, None)
         if isinstance(spec, hookspecs.KindSpec) and hook.startswith("register_"):
-            kinds[spec.name] = Kind(spec.name, hook, spec.base, spec.providers)
+            kinds[spec.name] = Kind(spec.name, hook, spec.base, spec.providers, spec.instances)
     return kinds
 
 
@@ -188,6 +205,7 @@ ComponentKind = Literal[
     "algorithm_type",
     "selector",
     "operator",
+    "command",
 ]
 
 
@@ -273,7 +291,7 @@ class TrinityPluginManager:
         self._plugin_dirs: list[Path] = []
         self._loaded_dirs: set[Path] = set()
         self._infos: dict[str, PluginInfo] = {}
-        self._registry: dict[str, dict[str, tuple[type, str]]] = {k: {} for k in KINDS}
+        self._registry: dict[str, dict[str, tuple[Any, str]]] = {k: {} for k in KINDS}
         self._loaded = False
         self._lock = threading.RLock()
         for d in plugin_dirs:
@@ -429,11 +447,10 @@ class TrinityPluginManager:
                 raise ComponentRegistrationError(
                     f"plugin {plugin_name!r}: {kind.hook} registered a {kind.name} with an invalid name {name!r}"
                 )
-            base = kind.base_class()
-            if not (isinstance(component, type) and issubclass(component, base)):
+            if not kind.accepts(component):
                 raise ComponentRegistrationError(
-                    f"plugin {plugin_name!r}: {kind.name} {name!r} must be a subclass of "
-                    f"{base.__module__}.{base.__qualname__}, got {component!r}"
+                    f"plugin {plugin_name!r}: {kind.name} {name!r} must be {kind.requirement()}, "
+                    f"got {component!r}"
                 )
             existing = self._registry[kind.name].get(name)
             if existing is not None:
@@ -474,9 +491,11 @@ class TrinityPluginManager:
     @overload
     def get_component(self, kind: Literal["operator"], name: str) -> type[Operator]: ...
     @overload
+    def get_component(self, kind: Literal["command"], name: str) -> Command: ...
+    @overload
     def get_component(self, kind: str, name: str) -> type: ...
 
-    def get_component(self, kind: str, name: str) -> type:
+    def get_component(self, kind: str, name: str) -> Any:
         """The class registered as ``name`` for ``kind`` (see :data:`KINDS`).
 
         A name that is not registered but has a dot (``pkg.module.Class``, as upstream configs
@@ -507,9 +526,8 @@ class TrinityPluginManager:
         cls = getattr(module, attr, None)
         if cls is None:
             raise fail(f"it is not registered, and module {module_name!r} has no attribute {attr!r}")
-        base = kind.base_class()
-        if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise fail(f"{cls!r} is not a subclass of {base.__module__}.{base.__qualname__}")
+        if not kind.accepts(cls):
+            raise fail(f"{cls!r} is not {kind.requirement()}")
         return cls
 
     def _import_module(self, module_name: str) -> ModuleType:
@@ -559,7 +577,7 @@ class TrinityPluginManager:
                 + ",".join(i.name.split(":")[0] for i in broken)
             )
 
-    def _kind_registry(self, kind: str) -> dict[str, tuple[type, str]]:
+    def _kind_registry(self, kind: str) -> dict[str, tuple[Any, str]]:
         if kind not in KINDS:
             raise PluginError(f"unknown component kind {kind!r}; kinds: {', '.join(KINDS)}")
         self.load()
@@ -659,10 +677,12 @@ def get_component(kind: Literal["selector"], name: str) -> type[Selector]: ...
 @overload
 def get_component(kind: Literal["operator"], name: str) -> type[Operator]: ...
 @overload
+def get_component(kind: Literal["command"], name: str) -> Command: ...
+@overload
 def get_component(kind: str, name: str) -> type: ...
 
 
-def get_component(kind: str, name: str) -> type:
+def get_component(kind: str, name: str) -> Any:
     """The class registered as ``name`` for ``kind``, or the class at a dotted path
     (``pkg.module.Class``) of that kind; raises :class:`UnknownComponentError`."""
     return get_manager().get_component(kind, name)

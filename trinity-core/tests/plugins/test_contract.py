@@ -31,7 +31,12 @@ def test_kinds_are_read_from_the_hookspecs():
         spec = getattr(getattr(hookspecs, hook), hookspecs.KIND_ATTRIBUTE, None)
         assert isinstance(spec, hookspecs.KindSpec), f"hookspec {hook} does not declare its kind (@registers)"
         kind = KINDS[spec.name]
-        assert (kind.hook, kind.base, kind.providers) == (hook, spec.base, spec.providers)
+        assert (kind.hook, kind.base, kind.providers, kind.instances) == (
+            hook,
+            spec.base,
+            spec.providers,
+            spec.instances,
+        )
     # In hookspec order, so messages and `trinity plugins` list kinds the way the docs do.
     assert [k.hook for k in KINDS.values()] == [h for h in vars(hookspecs) if h in hooks]
 
@@ -73,7 +78,8 @@ def test_get_component_has_a_typed_overload_per_kind(owner):
     overloads = _overloads(tree, owner)
     assert set(overloads) == set(KINDS), "get_component needs one @overload per kind (Literal kind name)"
     for name, kind in KINDS.items():
-        assert overloads[name] == f"type[{kind.base.partition(':')[2]}]"
+        base = kind.base.partition(":")[2]
+        assert overloads[name] == (base if kind.instances else f"type[{base}]")
 
 
 def test_policy_loss_subclasses_need_no_type_ignore():

@@ -11,7 +11,7 @@ Conformance checks (the "standard tests" a plugin runs on its own components):
     ``check_component(kind, cls)`` dispatches, through ``CHECKS`` (one check per kind of
     :data:`trinity.plugins.KINDS`), to ``check_policy_loss_fn``, ``check_advantage_fn``,
     ``check_kl_fn``, ``check_entropy_loss_fn``, ``check_sample_strategy``,
-    ``check_algorithm_type``, ``check_reward_fn`` and ``check_workflow``. Each raises
+    ``check_algorithm_type``, ``check_reward_fn``, ``check_workflow`` and ``check_command``. Each raises
     ``AssertionError`` with a message saying what is wrong.
 """
 
@@ -22,6 +22,7 @@ from trinity.testing.conformance import (
     ListReader,
     check_advantage_fn,
     check_algorithm_type,
+    check_command,
     check_component,
     check_entropy_loss_fn,
     check_kl_fn,
@@ -39,6 +40,7 @@ __all__ = [
     "ListReader",
     "check_advantage_fn",
     "check_algorithm_type",
+    "check_command",
     "check_component",
     "check_entropy_loss_fn",
     "check_kl_fn",

@@ -458,6 +458,23 @@ def check_operator(
     op.close()
 
 
+def check_command(command: Any) -> None:
+    """A ``register_commands`` component: a ``click.Command`` object (a
+    :class:`trinity.cli.LazyCommand` is imported here) whose ``--help`` prints its usage."""
+    import click
+    from click.testing import CliRunner
+
+    from trinity.cli import LazyCommand
+
+    assert isinstance(command, click.Command), f"{command!r} must be an instance of click.core.Command"
+    if isinstance(command, LazyCommand):
+        command = command.load()
+    result = CliRunner().invoke(command, ["--help"], prog_name=f"trinity {command.name}")
+    assert result.exit_code == 0 and "Usage:" in result.output, (
+        f"'trinity {command.name} --help' failed (exit {result.exit_code}): {result.output}"
+    )
+
+
 #: The conformance check of every component kind (a test keeps it equal to ``trinity.plugins.KINDS``:
 #: a new hook kind is not done until it has a check here).
 CHECKS: dict[str, Callable[..., None]] = {
@@ -471,10 +488,11 @@ CHECKS: dict[str, Callable[..., None]] = {
     "workflow": check_workflow,
     "selector": check_selector,
     "operator": check_operator,
+    "command": check_command,
 }
 
 
-def check_component(kind: str, cls: type, **kwargs: Any) -> None:
+def check_component(kind: str, cls: Any, **kwargs: Any) -> None:
     """Run the conformance check for ``kind`` (a key of :data:`trinity.plugins.KINDS`)."""
     try:
         check = CHECKS[kind]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from trinity.studio.app import create_app
-from trinity.studio.demo import make_demo_run
+from trinity_studio.app import create_app
+from trinity_studio.demo import make_demo_run
 
 DEMO_STEPS = 6
 DEMO_EXPERIENCES = 120

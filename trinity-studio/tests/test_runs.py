@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from trinity.studio.demo import DEMO_TASKSETS, reward_at
-from trinity.studio.runs import find_runs
+from trinity_studio.demo import DEMO_TASKSETS, reward_at
+from trinity_studio.runs import find_runs
 
 from .conftest import DEMO_STEPS
 

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from trinity.studio import is_loopback, studio_url
-from trinity.studio.app import TOKEN_COOKIE, TOKEN_HEADER, create_app
-from trinity.studio.jobs import JobManager
+from trinity_studio import is_loopback, studio_url
+from trinity_studio.app import TOKEN_COOKIE, TOKEN_HEADER, create_app
+from trinity_studio.jobs import JobManager
 
 
 def test_page_and_static_files_are_served(client):
@@ -51,7 +51,7 @@ def test_only_loopback_hosts_go_without_a_token():
 def test_launch_prints_a_token_for_other_hosts(monkeypatch, capsys, tmp_path):
     import uvicorn
 
-    import trinity.studio as studio
+    import trinity_studio as studio
 
     served = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
@@ -130,8 +130,11 @@ def test_cli_command_is_registered_and_lazy():
         "from trinity.cli import cli\n"
         "out = CliRunner().invoke(cli, ['--help']).output\n"
         "assert 'studio' in out, out\n"
-        "CliRunner().invoke(cli, ['plugins'])\n"
-        "print(sorted(m for m in ('fastapi', 'uvicorn', 'trinity.studio', 'torch', 'ray', 'transformers') if m in sys.modules))\n"
+        "out = CliRunner().invoke(cli, ['plugins']).output\n"
+        "assert 'command: studio' in out, out\n"
+        # the hook module and the command's module load; the application and its server do not
+        "heavy = ('fastapi', 'uvicorn', 'trinity_studio.app', 'torch', 'ray', 'transformers')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

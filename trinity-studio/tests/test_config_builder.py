@@ -8,9 +8,9 @@ import yaml
 
 from trinity.config import load_config
 from trinity.config.docs import iter_models
-from trinity.studio.schema import BEGINNER_KEYS
+from trinity_studio.schema import BEGINNER_KEYS
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart" / "quickstart.yaml"
 
 
@@ -59,6 +59,7 @@ def test_components_list_what_trinity_plugins_lists_with_default_args(client):
     assert ppo["args"] == get_component("policy_loss_fn", "ppo").default_args()
     assert ppo["plugin"]
     assert "math_workflow" in [c["name"] for c in components["workflow"]]
+    assert "command" not in components  # CLI commands are no config component
 
 
 def test_validation_reports_each_field_problem_on_one_line(client):

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 
 from trinity.config import Config
 from trinity.run_status import write_run_status
-from trinity.studio.app import create_app
-from trinity.studio.runs import find_runs
+from trinity_studio.app import create_app
+from trinity_studio.runs import find_runs
 
 
 def _old(path):
@@ -102,7 +102,7 @@ def test_why_a_run_has_no_experiences(tmp_path):
 
 
 def test_tokens_are_decoded_with_the_runs_own_tokenizer(client, demo_root):
-    from trinity.studio.demo import demo_experiences
+    from trinity_studio.demo import demo_experiences
 
     source = str(demo_root / "demo" / "tiny" / "buffer" / "experiences.db")
     item = client.get("/api/experiences/item", params={"source": source, "id": 2}).json()
@@ -122,7 +122,7 @@ def test_tokens_are_decoded_with_the_runs_own_tokenizer(client, demo_root):
 
 
 def test_a_run_whose_model_is_gone_shows_ids_and_says_why(tmp_path):
-    from trinity.studio.demo import write_sql_experiences
+    from trinity_studio.demo import write_sql_experiences
 
     run_dir = tmp_path / "p" / "gone"
     _save_config(run_dir, model={"model_path": str(tmp_path / "deleted-model")})

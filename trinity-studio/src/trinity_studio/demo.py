@@ -5,7 +5,7 @@ For the studio's tests, its benchmark and its documentation screenshots: the sca
 buffer (:class:`trinity.buffer.sql.SQLStorage`) or the jsonl format of ``trinity debug
 --output-file``, so the studio reads exactly what it reads after a real job. Imports torch.
 
-    python -m trinity.studio.demo ROOT [EXPERIENCES]
+    python -m trinity_studio.demo ROOT [EXPERIENCES]
 """
 
 from __future__ import annotations

@@ -183,6 +183,8 @@ def components() -> dict[str, Any]:
                 origin[(kind, n)] = info.name
     out: dict[str, Any] = {}
     for kind in KINDS:
+        if kind == "command":  # `trinity` subcommands: nothing a config names
+            continue
         rows = []
         for name in list_components(kind):
             args: dict[str, Any] = {}

@@ -21,15 +21,15 @@ from fastapi.staticfiles import StaticFiles
 
 from trinity import __version__
 from trinity.config.errors import ConfigError
-from trinity.studio import configs
-from trinity.studio.experiences import Filters, SourceError, open_source
-from trinity.studio.jobs import JobManager
-from trinity.studio.runs import ScalarCache, config_files, find_runs, run_tokenizer
-from trinity.studio.schema import components, config_schema
+from trinity_studio import configs
+from trinity_studio.experiences import Filters, SourceError, open_source
+from trinity_studio.jobs import JobManager
+from trinity_studio.runs import ScalarCache, config_files, find_runs, run_tokenizer
+from trinity_studio.schema import components, config_schema
 
 TOKEN_COOKIE = "trinity_studio_token"
 TOKEN_HEADER = "X-Studio-Token"
-STATIC = resources.files("trinity.studio") / "static"
+STATIC = resources.files("trinity_studio") / "static"
 PAGE_LIMIT = 500
 
 

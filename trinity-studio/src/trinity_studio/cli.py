@@ -24,6 +24,6 @@ import click
 @click.option("--open", "open_browser", is_flag=True, help="Open the studio in a web browser.")
 def studio(port: int, host: str, root: str | None, open_browser: bool) -> None:
     """Configure, launch and inspect runs in the browser."""
-    from trinity.studio import launch
+    from trinity_studio import launch
 
     launch(host=host, port=port, root=root, open_browser=open_browser)

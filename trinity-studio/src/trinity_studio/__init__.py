@@ -1,6 +1,6 @@
 """Trinity Studio: configure, launch and inspect runs in the browser (``trinity studio``).
 
-A FastAPI application (:mod:`trinity.studio.app`) serving a hand-written page from
+A FastAPI application (:mod:`trinity_studio.app`) serving a hand-written page from
 ``static/``. Imported only by ``trinity studio`` and ``trinity debug --module viewer``; the
 lighter commands never load it.
 """
@@ -58,7 +58,7 @@ def launch(
     """
     import uvicorn
 
-    from trinity.studio.app import create_app
+    from trinity_studio.app import create_app
 
     token = None if is_loopback(host) else secrets.token_urlsafe(24)
     if experience_file is not None:

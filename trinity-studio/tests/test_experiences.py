@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from trinity.studio.demo import demo_experiences, write_jsonl_experiences
-from trinity.studio.experiences import FileSource, Filters
+from trinity_studio.demo import demo_experiences, write_jsonl_experiences
+from trinity_studio.experiences import FileSource, Filters
 
 from .conftest import DEMO_EXPERIENCES
 
@@ -86,7 +86,7 @@ def test_file_being_written_is_read_line_by_complete_line(tmp_path):
 
 
 def test_file_source_reads_in_chunks(tmp_path, monkeypatch):
-    import trinity.studio.experiences as experiences
+    import trinity_studio.experiences as experiences
 
     monkeypatch.setattr(experiences, "_CHUNK_BYTES", 1000)  # a few lines per chunk
     path = tmp_path / "chunks.jsonl"
