@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import signal
 import sys
@@ -481,7 +480,7 @@ class _StepLoop:
         self.checkpoint_wait_why = ""
         self.weights: WeightTransport | None = None
         self.checkpoint_sync = config.synchronizer.sync_method == "checkpoint"
-        self.explore_steps_per_batch = _explore_steps_per_batch(config)
+        self.geometry = config.geometry
         # Train-only with sync_method nccl (both jobs on one Ray cluster): the broadcast group
         # with the explorer job's explorer actor, found by name in the run's namespace.
         self.peer_sync: WeightTransport | None = None
@@ -681,7 +680,7 @@ class _StepLoop:
         earlier it would only sit in its read, and a trainer in a step cannot sync."""
         if self.explorer is None or explorer_done:
             return True
-        needed = math.ceil((self.trainer_step + 1) * self.explore_steps_per_batch - 1e-9)
+        needed = self.geometry.explore_steps_through(self.trainer_step + 1)
         if self.explorer_step < needed:
             return False
         return not self.synchronizer.trainer_holds(self.trainer_step, self.explorer_version)
@@ -822,7 +821,7 @@ class _StepLoop:
         # ceil(e / steps-per-batch), which starts from version (that step - 1); the lag is how
         # many trainer updates the weights that produced them are behind (0 = on-policy).
         version = metrics.get("rollout/model_version", self.explorer_version)
-        trained_by = math.ceil(step / self.explore_steps_per_batch - 1e-9)
+        trained_by = self.geometry.train_step_reading(step)
         metrics["rollout/model_version_lag"] = float(max(0, trained_by - 1 - int(version)))
         _log(self.monitors["explorer"], metrics, step)
         self.last_metrics.update(_numbers(metrics))
@@ -957,20 +956,6 @@ def sync_method_set_for(config: Config) -> bool:
     the job's synchronizer (stages cannot set one), which is there for the stages that run
     explorer and trainer together: in a train-only warm-up before them it is no mistake."""
     return not getattr(config, "_sync_for_other_stages", False)
-
-
-def _explore_steps_per_batch(config: Config) -> float:
-    """Explorer steps whose experiences make one training batch, as the trainer counts them
-    (1 for step-wise algorithms, whose rollouts make a variable number of experiences)."""
-    try:
-        from trinity.plugins import get_component
-
-        if getattr(get_component("algorithm_type", config.algorithm.algorithm_type), "step_wise", False):
-            return 1.0
-    except Exception:  # an unknown algorithm fails elsewhere, with its own message
-        pass
-    per_explore_step = max(1, config.buffer.batch_size * config.algorithm.repeat_times)
-    return max(1e-9, (config.buffer.train_batch_size or per_explore_step) / per_explore_step)
 
 
 def _open_weight_sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> WeightTransport | None:

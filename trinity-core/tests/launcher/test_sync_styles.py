@@ -11,11 +11,13 @@ in a step. Events are ``explore N (vV)`` (explorer step ``N`` ran with weights v
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
 from trinity import launcher
+from trinity.config.geometry import BatchGeometry
 from trinity.launcher import JobFailed, _StepLoop
 from trinity.sync import Synchronizer
 from trinity.trainer.checkpoint import LATEST_FILE, STATE_FILE, checkpoint_dir
@@ -201,6 +203,9 @@ def _config(
             trainer_sync_interval=None,
             sync_offset=offset,
             sync_timeout=timeout,
+        ),
+        geometry=BatchGeometry(
+            "grpo", tasks_per_explore_step=2, repeat_times=2, experiences_per_train_step=4
         ),
     )
 
@@ -600,6 +605,7 @@ def test_a_lead_no_train_step_can_close_fails_with_a_message(tmp_path, monkeypat
     ray = FakeRay()
     config = _config(tmp_path, steps=4)
     config.buffer.train_batch_size = 8  # one train step reads two explore steps
+    config.geometry = replace(config.geometry, experiences_per_train_step=8)
     explorer = FakeExplorer(ray, 1, 4)
     trainer = FakeTrainer(ray, 1, explorer)
     monkeypatch.setattr("trinity.sync.make_transport", lambda method, r, e, t, s: FakeTransport(ray, e, t))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -125,7 +126,7 @@ def test_a_step_wise_step_that_ends_under_the_bound_trains_without_a_warning(set
     # Step-wise algorithms read one explorer step; train_batch_size only bounds it, so ending
     # under it is normal (a timed-out read still warns, as above).
     trainer, writer, calls = setup(max_read_timeout=30, train_batch_size=16)
-    trainer.step_wise, trainer.explore_steps_per_batch = True, 1.0  # as for multi_step_grpo
+    trainer.step_wise, trainer.geometry = True, replace(trainer.geometry, step_wise=True)  # multi_step_grpo
     writer.write(_experiences(setup.tok, 1, 6))
     writer.end_step(1)
     with caplog.at_level(logging.WARNING, logger="trinity.trainer.trainer"):
@@ -148,7 +149,10 @@ def test_an_explorer_running_ahead_never_splits_a_step_between_training_steps(
     # GRPO step that lost a group is not completed with part of the next step's groups.
     trainer, writer, _ = setup(max_read_timeout=30, train_batch_size=16 if step_wise else None)
     if step_wise:
-        trainer.step_wise, trainer.explore_steps_per_batch = True, 1.0  # as for multi_step_grpo
+        trainer.step_wise, trainer.geometry = (
+            True,
+            replace(trainer.geometry, step_wise=True),
+        )  # multi_step_grpo
     for step, size in sizes.items():
         writer.write(_experiences(setup.tok, step, size))
         writer.end_step(step)

@@ -6,7 +6,6 @@ rollouts per task, whether a critic or a reference model is needed, and the data
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm import AlgorithmType
@@ -58,21 +57,25 @@ def _check_expert_buffer(config: Config) -> None:
         )
 
 
-def _fill_mix_batch_sizes(config: Config) -> None:
-    """Give the ``mix`` / ``mix_chord`` loss the batch's usual and expert row counts, as the
-    ``mix`` sample strategy splits it, unless the user set them: with them the loss averages each
-    part over its own rows across micro-batches, as upstream's loss does under veRL."""
+def _mix_batch_sizes(config: Config) -> dict[str, dict[str, Any]]:
+    """The ``mix`` / ``mix_chord`` loss's usual and expert row counts, as the ``mix`` sample
+    strategy splits a training batch (:func:`~trinity_algos.sample_strategy.mix_split`): with them
+    the loss averages each part over its own rows across micro-batches, as upstream's loss does
+    under veRL. Config resolution fills them unless the user set them."""
+    from trinity_algos.sample_strategy import mix_split
+
     if _get(config, "algorithm.policy_loss_fn") not in ("mix", "mix_chord"):
-        return
-    args = _get(config, "algorithm.policy_loss_fn_args")
+        return {}
     ratio = (_get(config, "algorithm.sample_strategy_args") or {}).get("expert_data_ratio")
-    total = _get(config, "buffer.train_batch_size")
-    if not isinstance(args, dict) or ratio is None or not total:
-        return
-    if args.get("train_batch_size_usual") is None and args.get("train_batch_size_expert") is None:
-        expert = math.ceil(ratio * total)  # the mix sample strategy's split
-        args["train_batch_size_usual"] = total - expert
-        args["train_batch_size_expert"] = expert
+    args = _get(config, "algorithm.policy_loss_fn_args") or {}
+    if (
+        ratio is None
+        or args.get("train_batch_size_usual") is not None
+        or args.get("train_batch_size_expert") is not None
+    ):
+        return {}
+    usual, expert = mix_split(ratio, config.geometry.experiences_per_train_step)
+    return {"policy_loss_fn_args": {"train_batch_size_usual": usual, "train_batch_size_expert": expert}}
 
 
 class _GroupBaselineAlgorithm(AlgorithmType):
@@ -225,12 +228,15 @@ class MIXAlgorithm(_GroupBaselineAlgorithm):
         return _rollout_defaults("grpo", "mix", repeat_times=8, sample_strategy="mix", entropy_loss_fn="mix")
 
     @classmethod
+    def derived_args(cls, config: Config) -> dict[str, dict[str, Any]]:
+        """The loss gets the batch's usual / expert row counts (:func:`_mix_batch_sizes`)."""
+        return _mix_batch_sizes(config)
+
+    @classmethod
     def check_config(cls, config: Config) -> None:
-        """Group rule, plus: the ``mix`` sample strategy needs its expert buffer configured; the
-        loss gets the batch's usual / expert row counts (:func:`_fill_mix_batch_sizes`)."""
+        """Group rule, plus: the ``mix`` sample strategy needs its expert buffer configured."""
         super().check_config(config)
         _check_expert_buffer(config)
-        _fill_mix_batch_sizes(config)
 
 
 class DPOAlgorithm(_OfflineAlgorithm):
@@ -325,12 +331,15 @@ class MIXCHORDAlgorithm(_GroupBaselineAlgorithm):
         )
 
     @classmethod
+    def derived_args(cls, config: Config) -> dict[str, dict[str, Any]]:
+        """The loss gets the batch's usual / expert row counts (:func:`_mix_batch_sizes`)."""
+        return _mix_batch_sizes(config)
+
+    @classmethod
     def check_config(cls, config: Config) -> None:
-        """Group rule, plus: the ``mix`` sample strategy needs its expert buffer configured; the
-        loss gets the batch's usual / expert row counts (:func:`_fill_mix_batch_sizes`)."""
+        """Group rule, plus: the ``mix`` sample strategy needs its expert buffer configured."""
         super().check_config(config)
         _check_expert_buffer(config)
-        _fill_mix_batch_sizes(config)
 
 
 class RAFTAlgorithm(AlgorithmType):

@@ -19,6 +19,13 @@ else:
     torch = lazy_import("torch")
 
 
+def mix_split(expert_data_ratio: float, train_batch_size: int) -> tuple[int, int]:
+    """``(usual rows, expert rows)`` of a ``mix`` training batch: the expert share rounded up.
+    The ``mix`` losses get the same counts (``MIXAlgorithm.derived_args``)."""
+    expert = math.ceil(expert_data_ratio * train_batch_size)
+    return train_batch_size - expert, expert
+
+
 class DefaultSampleStrategy(SampleStrategy):
     """Reads ``train_batch_size`` experiences from the experience buffer each step."""
 
@@ -72,8 +79,7 @@ class MixSampleStrategy(SampleStrategy):
             )
         self.expert_data_ratio = expert_data_ratio
         self.sft_dataset_name = sft_dataset_name
-        self.expert_batch_size = math.ceil(expert_data_ratio * train_batch_size)
-        self.usual_batch_size = train_batch_size - self.expert_batch_size
+        self.usual_batch_size, self.expert_batch_size = mix_split(expert_data_ratio, train_batch_size)
         self.expert_buffer = self.auxiliary_buffers[sft_dataset_name]
 
     def sample(self, step: int) -> tuple[list[Experience], dict[str, float]]:

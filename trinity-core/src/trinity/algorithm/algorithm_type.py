@@ -41,6 +41,14 @@ class AlgorithmType:
         return {}
 
     @classmethod
+    def derived_args(cls, config: Config) -> dict[str, dict[str, Any]]:
+        """Component arguments that follow from the resolved config, by ``algorithm`` field
+        (e.g. ``{"policy_loss_fn_args": {...}}``): config resolution fills each one the user left
+        unset, before :meth:`check_config`. ``config.geometry`` holds the step sizes."""
+        return {}
+
+    @classmethod
     def check_config(cls, config: Config) -> None:
-        """Validate cross-field rules on the resolved config; raise ``ValueError`` with a
-        message naming the offending key (e.g. DPO only in ``train`` mode)."""
+        """Validate cross-field rules on the resolved config (never change it: derived values
+        come from :meth:`derived_args`); raise ``ValueError`` with a message naming the
+        offending key (e.g. DPO only in ``train`` mode)."""

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import PrivateAttr, field_validator
 
+from trinity.config.geometry import BatchGeometry
 from trinity.config.sections.algorithm import AlgorithmConfig
 from trinity.config.sections.base import F, Section, derived, lower_alias
 from trinity.config.sections.buffer import BufferConfig
@@ -77,6 +78,8 @@ class Config(Section):
     # A stage of a staged job whose synchronizer (stages cannot set one) is the job's, there for
     # another stage that runs explorer and trainer together: it has no effect here by design.
     _sync_for_other_stages: bool = PrivateAttr(default=False)
+    # The step sizes, derived once by resolve_config (see `geometry`).
+    _geometry: BatchGeometry | None = PrivateAttr(default=None)
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -88,6 +91,16 @@ class Config(Section):
         """``<checkpoint_root_dir>/<project>/[<group>/]<name>``: checkpoints, logs, monitor files."""
         parts = [self.checkpoint_root_dir or ".", self.project, self.group, self.name]
         return os.path.join(*[p for p in parts if p])
+
+    @property
+    def geometry(self) -> BatchGeometry:
+        """How many tasks, rollouts and experiences make the job's steps
+        (:class:`~trinity.config.geometry.BatchGeometry`); set by ``resolve_config``."""
+        if self._geometry is None:
+            raise RuntimeError(
+                "config.geometry is set by trinity.config.resolve_config; resolve the config first"
+            )
+        return self._geometry
 
     def to_yaml(self) -> str:
         """The config as YAML (what ``trinity run --dry-run`` prints); loads back unchanged."""

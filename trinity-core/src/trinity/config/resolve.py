@@ -21,6 +21,7 @@ from trinity.config.algorithm_defaults import (
     resolve_algorithm,
 )
 from trinity.config.errors import ConfigError
+from trinity.config.geometry import batch_geometry
 from trinity.config.models import Config
 from trinity.config.sections.algorithm import LR_SCHEDULES
 from trinity.config.sections.base import invalid_choice
@@ -63,10 +64,29 @@ def _resolve(c: Config) -> None:
     _check_sync(c)
     _check_colocate(c)
     _check_data_processor(c)
+    c._geometry = batch_geometry(c, step_wise=bool(getattr(algo_cls, "step_wise", False)))
+    _derive_component_args(c, algo_cls)
     try:
         algo_cls.check_config(c)
     except ValueError as exc:
         raise ConfigError(f"algorithm type {c.algorithm.algorithm_type!r}: {exc}") from None
+
+
+def _derive_component_args(c: Config, algo_cls: type) -> None:
+    """Component arguments that follow from the resolved config (``AlgorithmType.derived_args``,
+    e.g. the usual/expert row counts ``mix`` losses get from the batch geometry), each only
+    where the user left it unset."""
+    derive = getattr(algo_cls, "derived_args", None)
+    if derive is None:
+        return
+    for field, values in (derive(c) or {}).items():
+        args = getattr(c.algorithm, field)
+        if args is None:
+            args = {}
+            setattr(c.algorithm, field, args)
+        for key, value in values.items():
+            if args.get(key) is None:
+                args[key] = value
 
 
 def _resolve_paths(c: Config) -> None:

@@ -228,18 +228,9 @@ class CheckpointWatcher:
 
 def first_step_after(config: Config, trainer_step: int) -> int:
     """The explorer step a serve job starting on the weights of ``trainer_step`` writes first:
-    the one after those the trainer has trained on (its step ``t`` takes explorer steps up to
-    ``ceil(t * train_batch_size / (batch_size * repeat_times))``; one per step for step-wise
-    algorithms), so its next train step finds it."""
-    import math
-
-    from trinity.plugins import get_component
-
-    per_step = config.buffer.batch_size * config.algorithm.repeat_times
-    ratio = config.buffer.train_batch_size / per_step if per_step else 1.0
-    if getattr(get_component("algorithm_type", config.algorithm.algorithm_type), "step_wise", False):
-        ratio = 1.0
-    return math.ceil(trainer_step * ratio - 1e-9) + 1
+    the one after those the trainer has trained on (``config.geometry``), so its next train step
+    finds it."""
+    return config.geometry.explore_steps_through(trainer_step) + 1
 
 
 class ServeJob:
@@ -285,7 +276,7 @@ class ServeJob:
             )
         self.ledger = FeedbackLedger(
             writer,
-            trajectories_per_step=config.buffer.batch_size * config.algorithm.repeat_times,
+            trajectories_per_step=config.geometry.rollouts_per_explore_step,
             first_step=first_step_after(config, engine.model_version),
         )
         self.model = ModelWrapper(

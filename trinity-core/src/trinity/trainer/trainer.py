@@ -17,7 +17,6 @@ unchanged, so trainer and explorer steps stay aligned. Waiting longer than the b
 from __future__ import annotations
 
 import logging
-import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -82,15 +81,8 @@ class Trainer:
             train_batch_size=config.buffer.train_batch_size,
             **(algo.sample_strategy_args or {}),
         )
-        # Explorer steps that make one training batch (1 when train_batch_size is the default).
-        per_explore_step = max(1, config.buffer.batch_size * config.algorithm.repeat_times)
-        self.explore_steps_per_batch = config.buffer.train_batch_size / per_explore_step
-        algo_cls = get_component("algorithm_type", algo.algorithm_type)
-        self.step_wise = bool(getattr(algo_cls, "step_wise", False))
-        if self.step_wise:
-            # A rollout makes a variable number of experiences (one per turn): each training
-            # step takes one explorer step, and train_batch_size only bounds it.
-            self.explore_steps_per_batch = 1.0
+        self.geometry = config.geometry
+        self.step_wise = self.geometry.step_wise
         self._warned_split = False
         self.last_saved_step = -1
         if config.continue_from_checkpoint:
@@ -114,7 +106,7 @@ class Trainer:
         next_step = self.step + 1
         reader = self.experience_reader
         reader.set_step(next_step)  # the SQL buffer records it as each row's consumed_step
-        reader.expect_step(math.ceil(next_step * self.explore_steps_per_batch - 1e-9))
+        reader.expect_step(self.geometry.explore_steps_through(next_step))
         self.sample_strategy.set_model_version(self.step)
         try:
             experiences, sample_metrics = self.sample_strategy.sample(next_step)

@@ -167,8 +167,8 @@ def _mini_batch(config: Config) -> tuple[int, int]:
     ``buffer.batch_size`` = ``ppo_mini_batch_size`` and ``train_batch_size`` =
     ``ppo_mini_batch_size * rollout.n``: one optimizer step per training batch and epoch.
     """
-    rows = config.buffer.train_batch_size or config.buffer.batch_size * config.algorithm.repeat_times
-    n = config.algorithm.repeat_times
+    geometry = config.geometry
+    rows, n = geometry.experiences_per_train_step, geometry.repeat_times
     if rows % n:
         return rows, 1
     return rows // n, n

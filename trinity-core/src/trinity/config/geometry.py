@@ -1,0 +1,74 @@
+"""The batch geometry of a job: how many tasks, rollouts and experiences make its steps.
+
+:func:`trinity.config.resolve_config` derives it once (:func:`batch_geometry`) and keeps it on the
+resolved config (``config.geometry``); the launcher, the trainer, serve mode and the veRL config
+read it there rather than recomputing ``batch_size * repeat_times`` and re-looking-up the
+algorithm type each on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trinity.config.models import Config
+
+# Steps are counted in floats (train_batch_size need not be a multiple of an explore step's
+# experiences); this keeps ceil() from rounding 2.0000000001 up.
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class BatchGeometry:
+    """The step sizes of a resolved job.
+
+    Attributes:
+        algorithm_type: the resolved ``algorithm.algorithm_type``.
+        tasks_per_explore_step: ``buffer.batch_size``.
+        repeat_times: rollouts per task (``algorithm.repeat_times``).
+        experiences_per_train_step: ``buffer.train_batch_size`` (an upper bound for step-wise
+            algorithms, whose rollouts make one experience per turn).
+        step_wise: the algorithm type trains on one experience per turn (``step_wise``), so each
+            train step reads exactly one explore step.
+    """
+
+    algorithm_type: str
+    tasks_per_explore_step: int
+    repeat_times: int
+    experiences_per_train_step: int
+    step_wise: bool = False
+
+    @property
+    def rollouts_per_explore_step(self) -> int:
+        """Trajectories an explore step makes: tasks x repeats."""
+        return self.tasks_per_explore_step * self.repeat_times
+
+    @property
+    def explore_steps_per_train_step(self) -> float:
+        """Explore steps whose experiences make one training batch (1 for step-wise algorithms;
+        a fraction when a training batch is smaller than an explore step's output)."""
+        if self.step_wise:
+            return 1.0
+        return max(_EPS, self.experiences_per_train_step / max(1, self.rollouts_per_explore_step))
+
+    def explore_steps_through(self, train_step: int) -> int:
+        """The last explore step that train steps ``1..train_step`` read."""
+        return math.ceil(train_step * self.explore_steps_per_train_step - _EPS)
+
+    def train_step_reading(self, explore_step: int) -> int:
+        """The train step that reads the experiences of ``explore_step``."""
+        return math.ceil(explore_step / self.explore_steps_per_train_step - _EPS)
+
+
+def batch_geometry(config: Config, step_wise: bool) -> BatchGeometry:
+    """The geometry of ``config`` once its buffer and algorithm are resolved."""
+    b, a = config.buffer, config.algorithm
+    return BatchGeometry(
+        algorithm_type=a.algorithm_type,
+        tasks_per_explore_step=b.batch_size,
+        repeat_times=a.repeat_times,
+        experiences_per_train_step=b.train_batch_size,
+        step_wise=step_wise,
+    )

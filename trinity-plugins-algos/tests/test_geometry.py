@@ -1,0 +1,46 @@
+"""The batch geometry of the algorithms registered here (step-wise algorithms, mix's split),
+as config resolution derives it (trinity.config.geometry)."""
+
+from __future__ import annotations
+
+from trinity.config import Config, resolve_config
+
+TASKSETS = {"explorer_input": {"tasksets": [{"path": "t.jsonl"}]}}
+
+
+def resolved(**algorithm_and_buffer):
+    algorithm = algorithm_and_buffer.pop("algorithm", {"algorithm_type": "grpo", "repeat_times": 4})
+    buffer = {"batch_size": 3, **TASKSETS, **algorithm_and_buffer}
+    return resolve_config(
+        Config(model={"model_path": "m", "max_model_len": 64}, algorithm=algorithm, buffer=buffer)
+    )
+
+
+def test_a_step_wise_algorithm_trains_one_explore_step_per_step():
+    g = resolved(
+        algorithm={"algorithm_type": "multi_step_grpo", "repeat_times": 2}, train_batch_size=64
+    ).geometry
+    assert g.step_wise and g.algorithm_type == "multi_step_grpo" and g.experiences_per_train_step == 64
+    assert g.explore_steps_per_train_step == 1.0 and g.explore_steps_through(3) == 3
+
+
+def test_mix_losses_get_the_split_from_resolution_not_from_check_config():
+    from trinity.plugins import get_component
+
+    config = resolve_config(
+        Config(
+            model={"model_path": "m", "max_model_len": 64},
+            algorithm={"algorithm_type": "mix", "sample_strategy_args": {"expert_data_ratio": 0.25}},
+            buffer={
+                "batch_size": 2,
+                "train_batch_size": 18,
+                **TASKSETS,
+                "trainer_input": {"auxiliary_buffers": {"sft_dataset": {"path": "sft.jsonl"}}},
+            },
+        )
+    )
+    args = config.algorithm.policy_loss_fn_args
+    assert (args["train_batch_size_usual"], args["train_batch_size_expert"]) == (13, 5)  # ceil(0.25 * 18)
+    before = config.model_dump()
+    get_component("algorithm_type", "mix").check_config(config)
+    assert config.model_dump() == before  # check_config validates only
