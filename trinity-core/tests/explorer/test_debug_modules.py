@@ -278,9 +278,9 @@ def test_a_stale_address_file_falls_back_to_loading_the_model(tmp_path, tiny_mod
 
 def test_viewer_launches_the_studio_on_the_file(tmp_path, monkeypatch):
     calls = []
-    fake = types.ModuleType("trinity.studio")
+    fake = types.ModuleType("trinity_studio")
     fake.launch = lambda **kwargs: calls.append(kwargs)
-    monkeypatch.setitem(sys.modules, "trinity.studio", fake)
+    monkeypatch.setitem(sys.modules, "trinity_studio", fake)
     out = tmp_path / "exps.jsonl"
     out.write_text("{}\n")
     result = CliRunner().invoke(debug, ["--module", "viewer", "--output-file", str(out), "--port", "8123"])
@@ -291,14 +291,14 @@ def test_viewer_launches_the_studio_on_the_file(tmp_path, monkeypatch):
 
 
 def test_viewer_without_the_studio_says_how_to_get_it(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "trinity.studio", None)  # import fails with ImportError
+    monkeypatch.setitem(sys.modules, "trinity_studio", None)  # import fails with ImportError
     out = tmp_path / "exps.jsonl"
     out.write_text("{}\n")
     result = CliRunner().invoke(debug, ["--module", "viewer", "--output-file", str(out)])
     assert result.exit_code == 1
-    hint = install_hint("trinity-core", extra="studio")
+    hint = install_hint("trinity-studio")
     assert result.output.strip() == f"the viewer needs the studio: {hint}"
-    assert hint.startswith("pip install") and "trinity-core[studio]'" in hint
+    assert hint.startswith("pip install") and "trinity-studio" in hint
 
 
 def test_viewer_needs_an_existing_output_file(tmp_path):

@@ -35,8 +35,8 @@ def test_at_the_clones_root_the_folder_is_relative(clone, monkeypatch):
     )
     # an extra is quoted for the shell, and pip reads it off the folder
     hint = install_hint("trinity-core", extra="studio")
-    assert hint == "pip install './trinity-core[studio]'"
-    assert shlex.split(hint) == ["pip", "install", "./trinity-core[studio]"]
+    assert hint == "pip install './trinity-core[data-juicer]'"
+    assert shlex.split(hint) == ["pip", "install", "./trinity-core[data-juicer]"]
 
 
 def test_elsewhere_the_folder_is_absolute(clone, monkeypatch, tmp_path):

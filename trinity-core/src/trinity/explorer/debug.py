@@ -357,12 +357,12 @@ def _viewer(output_file: str | None, host: str, port: int) -> None:
     import importlib
 
     try:
-        # import_module, not `import trinity.studio as studio`: that form reads the attribute off
-        # the `trinity` package, bypassing a module put in sys.modules (the tests' stand-in).
-        studio = importlib.import_module("trinity.studio")
+        # trinity-studio, a distribution of its own (import_module: the tests put a stand-in in
+        # sys.modules).
+        studio = importlib.import_module("trinity_studio")
     except ImportError:
         from trinity.plugins import install_hint
 
-        click.echo(f"the viewer needs the studio: {install_hint('trinity-core', extra='studio')}", err=True)
+        click.echo(f"the viewer needs the studio: {install_hint('trinity-studio')}", err=True)
         click.get_current_context().exit(1)
     studio.launch(host=host, port=port, experience_file=str(path))
