@@ -34,7 +34,7 @@ def test_at_the_clones_root_the_folder_is_relative(clone, monkeypatch):
         "pip install ./trinity-plugins-algos ./trinity-plugins-math"
     )
     # an extra is quoted for the shell, and pip reads it off the folder
-    hint = install_hint("trinity-core", extra="studio")
+    hint = install_hint("trinity-core", extra="data-juicer")
     assert hint == "pip install './trinity-core[data-juicer]'"
     assert shlex.split(hint) == ["pip", "install", "./trinity-core[data-juicer]"]
 
