@@ -13,7 +13,7 @@ from trinity.config import GenerationConfig
 from trinity.explorer.engines.base import SamplingArgs
 from trinity.explorer.engines.transformers_engine import TransformersEngine
 from trinity.explorer.model_wrapper import ModelWrapper
-from trinity.testing.tiny_model import IM_END, create_tiny_model
+from trinity.testing.tiny_model import IM_END
 from trinity.workflow import Task
 from trinity_agents.frozen_lake import FrozenLakeWorkflow
 from trinity_agents.tasks import toolcall_rows
@@ -21,8 +21,8 @@ from trinity_agents.toolcall import ToolCallWorkflow
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    path = create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+def engine(tiny_model):
+    path = tiny_model(seed=0)
     return TransformersEngine(
         path, dtype="float32", device="cpu", seed=0, default_args=SamplingArgs(max_tokens=16)
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -12,16 +11,16 @@ from trinity.config import FormatConfig, GenerationConfig
 from trinity.workflow import Task
 from trinity_math.rewards import CountdownRewardFn
 from trinity_math.tasks import countdown_problems
-from trinity_math.tiny import create_math_model
+from trinity_math.tiny import MATH_VOCAB_CHARS
 from trinity_math.workflows import AsyncMathWorkflow, MathBoxedWorkflow, MathWorkflow
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory):
+def model(tiny_model):
     from trinity.explorer.engines.transformers_engine import TransformersEngine
     from trinity.explorer.model_wrapper import ModelWrapper
 
-    path = create_math_model(Path(tmp_path_factory.mktemp("math_tiny")) / "model", seed=0)
+    path = tiny_model(vocab_chars=MATH_VOCAB_CHARS, seed=0)  # what create_math_model(path) saves
     return ModelWrapper(TransformersEngine(path, dtype="float32", device="cpu", seed=0))
 
 

@@ -12,7 +12,7 @@ model_wrapper = pytest.importorskip("trinity.explorer.model_wrapper")
 
 from trinity.experience import Experience  # noqa: E402
 from trinity.explorer.engines.transformers_engine import TransformersEngine  # noqa: E402
-from trinity.testing.tiny_model import IM_END, create_tiny_model  # noqa: E402
+from trinity.testing.tiny_model import IM_END  # noqa: E402
 from trinity.workflow import Task  # noqa: E402
 from trinity_webshop.catalog import default_catalog  # noqa: E402
 from trinity_webshop.workflow import WebShopWorkflow  # noqa: E402
@@ -30,8 +30,8 @@ class ScriptedTinyModel(model_wrapper.ModelWrapper):
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    path = create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+def engine(tiny_model):
+    path = tiny_model(seed=0)
     return TransformersEngine(path, dtype="float32", device="cpu", seed=0)
 
 

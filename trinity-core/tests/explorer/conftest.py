@@ -7,12 +7,10 @@ import textwrap
 
 import pytest
 
-from trinity.testing.tiny_model import create_tiny_model
-
 
 @pytest.fixture(scope="session")
-def tiny_model_path(tmp_path_factory):
-    return create_tiny_model(tmp_path_factory.mktemp("explorer_tiny") / "model", seed=0)
+def tiny_model_path(tiny_model):
+    return tiny_model(seed=0)
 
 
 @pytest.fixture(scope="session")

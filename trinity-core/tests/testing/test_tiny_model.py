@@ -10,8 +10,8 @@ from trinity.testing.tiny_model import IM_END, build_tokenizer, create_tiny_mode
 
 
 @pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    return create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+def tiny_path(tiny_model):
+    return tiny_model(seed=0)
 
 
 def test_tokenizer_is_character_level_and_round_trips():

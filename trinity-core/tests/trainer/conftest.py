@@ -8,12 +8,11 @@ import pytest
 
 from trinity.config import resolve_config
 from trinity.config.validation import validate_config
-from trinity.testing.tiny_model import create_tiny_model
 
 
 @pytest.fixture(scope="session")
-def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(create_tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden_size=32, num_layers=2))
+def tiny_model_path(tiny_model) -> str:
+    return str(tiny_model(hidden_size=32, num_layers=2))
 
 
 def make_config(model_path: str, job_root: str, algorithm: dict[str, Any], **sections: Any):
