@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,18 +23,27 @@ def job_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def math_job() -> Callable[..., Path]:
-    """``math_job(root, train=, test=, difficulty=, **model_args)`` writes an arithmetic taskset
-    to ``root/data`` and a fresh tiny math model to ``root/model`` (``model_args``: sizes, see
-    ``create_tiny_model``); returns ``root``."""
+def math_job(tiny_model) -> Callable[..., Path]:
+    """``math_job(root, train=, test=, difficulty=, sft=, dpo=, **model_args)`` writes an
+    arithmetic taskset to ``root/data`` (``sft``/``dpo``: that many SFT / DPO rows besides) and
+    a copy of the tiny math model to ``root/model`` (``model_args``: sizes, see
+    ``create_tiny_model``; built once per session for the same sizes); returns ``root``. The job
+    config for it: ``trinity.testing.jobs.tiny_job(root, ...)``."""
 
-    def make(root: Path, *, train: int, test: int, difficulty: int = 1, **model_args) -> Path:
+    def make(
+        root: Path, *, train: int, test: int, difficulty: int = 1, sft: int = 0, dpo: int = 0, **model_args
+    ) -> Path:
         from trinity_math.tasks import main as make_tasks
-        from trinity_math.tiny import create_math_model
+        from trinity_math.tiny import MATH_VOCAB_CHARS
 
         args = ["arithmetic", "--out", str(root / "data"), "--train", str(train), "--test", str(test)]
-        assert make_tasks([*args, "--difficulty", str(difficulty)]) == 0
-        create_math_model(root / "model", seed=0, **model_args)
+        args += ["--difficulty", str(difficulty)]
+        args += ["--sft", str(sft)] if sft else []
+        args += ["--dpo", str(dpo)] if dpo else []
+        assert make_tasks(args) == 0
+        # A copy: the job reads root/model, and a test may change the files it was given.
+        model = tiny_model(vocab_chars=MATH_VOCAB_CHARS, seed=0, **model_args)
+        shutil.copytree(model, root / "model")
         return root
 
     return make
@@ -41,6 +51,16 @@ def math_job() -> Callable[..., Path]:
 
 #: Test plugins (``--plugin-dir``): the ``weights_probe`` eval workflow.
 PLUGINS = Path(__file__).parent / "plugins"
+
+
+def probe_taskset(root: Path) -> dict:
+    """An eval taskset (``root``'s test split) run by the ``weights_probe`` workflow (``PLUGINS``),
+    which reports the version and score of the weights it ran on (``probe_score``)."""
+    from trinity.testing.jobs import tiny_taskset
+
+    return tiny_taskset(
+        root, "probe", split="test", format={"system_prompt": None}, default_workflow_type="weights_probe"
+    )
 
 
 @pytest.fixture(scope="session")

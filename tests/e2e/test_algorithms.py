@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import math
-import textwrap
 from pathlib import Path
 
 import pytest
+
+from trinity.testing.jobs import tiny_job, write_job
 
 from .conftest import PLUGINS
 
@@ -33,41 +34,24 @@ STAGES = [*RL, *STEP_WISE, *DISTILL, "cpt", *AGENTS]
 #: Stages not named after their algorithm type.
 ALGORITHM = {"agentscope_react": "multi_step_grpo", "frozen_lake": "multi_step_grpo"}
 
-BASE = """
-project: e2e
-name: algos
-mode: both
-checkpoint_root_dir: {root}/ckpt
-algorithm:
-  algorithm_type: grpo
-  repeat_times: 2
-model:
-  model_path: {root}/model
-  max_prompt_tokens: 4096  # the agent stage's system prompt and tool schemas: ~1,500 tokens
-  max_response_tokens: 8
-buffer:
-  total_steps: 2
-  batch_size: 2
-  explorer_input:
-    taskset:
-      name: arith
-      storage_type: file
-      path: {root}/data
-      split: train
-      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-    default_workflow_type: math_workflow
-    default_reward_fn_type: varied_reward
-  trainer_input:
-    experience_buffer: {{name: exp, storage_type: queue}}
-explorer:
-  eval_interval: 100
-  eval_on_startup: false
-  runner_per_model: 2
-  rollout_model: {{engine_type: transformers, engine_num: 1, dtype: float32, seed: 1}}
-synchronizer: {{sync_method: memory, sync_interval: 1}}
-trainer: {{trainer_type: native, save_interval: 2, dtype: float32}}
-monitor: {{monitor_type: tensorboard}}
-"""
+
+#: What every stage shares (each stage's own keys: ``_stage``).
+def _base(root: Path) -> dict:
+    return tiny_job(
+        root,
+        name="algos",
+        mode="both",
+        # The agent stage's system prompt and tool schemas: ~1,500 tokens.
+        model={"max_prompt_tokens": 4096},
+        buffer={
+            "total_steps": 2,
+            "explorer_input": {"default_reward_fn_type": "varied_reward"},
+            "trainer_input": {"experience_buffer": {"storage_type": "queue", "path": None}},
+        },
+        explorer={"eval_interval": 100},
+        synchronizer={"sync_method": "memory", "sync_interval": 1},
+        trainer={"save_interval": 2},
+    )
 
 
 def _stage(name: str, root: Path) -> dict:
@@ -176,14 +160,10 @@ def _write_data(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, math_job, trinity_run) -> Path:
-    import yaml
-
     root = math_job(tmp_path_factory.mktemp("algos"), train=32, test=4)
     _write_data(root)
-    config = yaml.safe_load(textwrap.dedent(BASE.format(root=root)))
-    config["stages"] = [_stage(name, root) for name in STAGES]
-    (root / "job.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    trinity_run(root / "job.yaml", "--plugin-dir", str(PLUGINS))
+    config = {**_base(root), "stages": [_stage(name, root) for name in STAGES]}
+    trinity_run(write_job(root / "job.yaml", config), "--plugin-dir", str(PLUGINS))
     return root
 
 

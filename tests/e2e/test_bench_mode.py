@@ -10,71 +10,37 @@ evaluated.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from trinity.testing.jobs import tiny_job, tiny_taskset, write_job
+
+from .conftest import PLUGINS, probe_taskset
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-PLUGINS = Path(__file__).parent / "plugins"  # the weights_probe eval workflow
-
-CONFIG = """
-project: e2e
-name: bench
-mode: {mode}
-checkpoint_root_dir: {root}/ckpt
-algorithm:
-  algorithm_type: grpo
-  repeat_times: 2
-  optimizer: {{lr: 1.0e-2}}
-  entropy_loss_fn_args: {{entropy_coef: 0.01}}
-model:
-  model_path: {root}/model
-  max_prompt_tokens: 128
-  max_response_tokens: 8
-buffer:
-  total_steps: 2
-  batch_size: 2
-  explorer_input:
-    taskset:
-      name: arith
-      storage_type: file
-      path: {root}/data
-      split: train
-      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-    eval_tasksets:
-      - name: arith_test
-        storage_type: file
-        path: {root}/data
-        split: test
-        format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-        rollout_args: {{temperature: 0.0}}
-      - name: probe
-        storage_type: file
-        path: {root}/data
-        split: test
-        format: {{prompt_key: question, response_key: answer}}
-        default_workflow_type: weights_probe
-    default_workflow_type: math_workflow
-    default_reward_fn_type: math_reward
-  trainer_input:
-    experience_buffer: {{name: exp, storage_type: sql, path: "sqlite:///{root}/buffer.db"}}
-explorer:
-  eval_on_startup: false
-  eval_interval: 1
-  bench_on_latest_checkpoint: {latest}
-  rollout_model: {{engine_type: transformers, engine_num: 1, dtype: float32, seed: 1}}
-synchronizer: {{sync_interval: 1, sync_offset: 0}}
-trainer: {{trainer_type: native, save_interval: 1, dtype: float32}}
-monitor: {{monitor_type: tensorboard}}
-"""
 
 
 def _config(root: Path, mode: str, latest: bool = False) -> Path:
-    config = root / f"{mode}_{int(latest)}.yaml"
-    config.write_text(textwrap.dedent(CONFIG.format(root=root, mode=mode, latest=str(latest).lower())))
-    return config
+    config = tiny_job(
+        root,
+        name="bench",
+        mode=mode,
+        algorithm={"optimizer": {"lr": 1.0e-2}, "entropy_loss_fn_args": {"entropy_coef": 0.01}},
+        buffer={
+            "total_steps": 2,
+            "explorer_input": {
+                "eval_tasksets": [
+                    tiny_taskset(root, "arith_test", split="test", rollout_args={"temperature": 0.0}),
+                    probe_taskset(root),
+                ]
+            },
+        },
+        explorer={"eval_interval": 1, "bench_on_latest_checkpoint": latest, "runner_per_model": None},
+        synchronizer={"sync_interval": 1, "sync_offset": 0},
+        trainer={"save_interval": 1},
+    )
+    return write_job(root / f"{mode}_{int(latest)}.yaml", config)
 
 
 def _bench_scalars(job_dir: Path) -> dict[str, float]:

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,46 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from trinity.testing.jobs import deep_merge, tiny_job, write_job
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RAY = Path(sys.executable).parent / "ray"
-
-CONFIG = """
-project: e2e
-name: {name}
-mode: {mode}
-checkpoint_root_dir: {root}/ckpt
-cluster: {{ray_address: "127.0.0.1:{port}"}}
-algorithm:
-  algorithm_type: grpo
-  repeat_times: 2
-  optimizer: {{lr: 1.0e-3}}
-model:
-  model_path: {root}/model
-  max_prompt_tokens: 128
-  max_response_tokens: 8
-buffer:
-  total_steps: 2
-  batch_size: 2
-  explorer_input:
-    taskset:
-      name: arith
-      storage_type: file
-      path: {root}/data
-      split: train
-      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-    default_workflow_type: math_workflow
-    default_reward_fn_type: math_reward
-  trainer_input:
-    experience_buffer: {{name: exp, storage_type: queue}}
-explorer:
-  eval_interval: 100
-  eval_on_startup: false
-  runner_per_model: 1
-  rollout_model: {{engine_type: transformers, engine_num: 1, dtype: float32, seed: 1}}
-trainer: {{trainer_type: native, save_interval: 2, dtype: float32}}
-monitor: {{monitor_type: console}}
-"""
 
 # Run in a subprocess (this test process stays out of Ray): what the head's GCS knows of actors.
 ACTOR_TABLE = """
@@ -160,11 +124,24 @@ def head(job_env) -> Iterator[Head]:
         _stop_head(proc.pid, temp_dir)
 
 
-def _write_job(root: Path, name: str, mode: str, head: Head) -> Path:
-    port = head.address.rsplit(":", 1)[1]
-    path = root / f"{name}.yaml"
-    path.write_text(textwrap.dedent(CONFIG.format(root=root, name=name, mode=mode, port=port)))
-    return path
+def _write_job(root: Path, name: str, mode: str, head: Head, file: str = "", **overrides) -> Path:
+    """The tiny job ``name`` joining ``head`` (``overrides`` merged into its config), written to
+    ``root/<file or name>.yaml``."""
+    config = tiny_job(
+        root,
+        name=name,
+        mode=mode,
+        cluster={"ray_address": head.address},
+        algorithm={"optimizer": {"lr": 1.0e-3}},
+        buffer={
+            "total_steps": 2,
+            "trainer_input": {"experience_buffer": {"storage_type": "queue", "path": None}},
+        },
+        explorer={"eval_interval": 100, "runner_per_model": 1},
+        trainer={"save_interval": 2},
+        monitor={"monitor_type": "console"},
+    )
+    return write_job(root / f"{file or name}.yaml", deep_merge(config, overrides))
 
 
 def _trinity(config: Path, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
@@ -254,11 +231,16 @@ def test_a_decoupled_pair_shares_the_named_queue_and_the_last_to_leave_removes_i
     command = [sys.executable, "-m", "trinity.cli", "run", "--config"]
     configs = {}
     for mode in ("train", "explore"):
-        text = CONFIG.format(root=job_root, name=name, mode=mode, port=head.address.rsplit(":", 1)[1])
-        configs[mode] = job_root / f"{name}_{mode}.yaml"
         # Four train steps, weights sent after steps 2 and 4, while the explorer explores.
-        extra = f"synchronizer: {{sync_method: {sync_method}, sync_interval: 2}}\n"
-        configs[mode].write_text(textwrap.dedent(text).replace("total_steps: 2", "total_steps: 4") + extra)
+        configs[mode] = _write_job(
+            job_root,
+            name,
+            mode,
+            head,
+            file=f"{name}_{mode}",
+            buffer={"total_steps": 4},
+            synchronizer={"sync_method": sync_method, "sync_interval": 2},
+        )
     procs = {
         mode: subprocess.Popen(
             [*command, str(configs[mode])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -281,9 +263,7 @@ def test_a_decoupled_pair_shares_the_named_queue_and_the_last_to_leave_removes_i
 
 
 def test_a_job_asking_for_more_than_the_cluster_has_stops_in_one_line(head, job_root, job_env):
-    config = _write_job(job_root, "too_big", "both", head)
-    text = config.read_text()
-    config.write_text(text.replace("cluster: {ray_address:", "cluster: {node_num: 2, ray_address:"))
+    config = _write_job(job_root, "too_big", "both", head, cluster={"node_num": 2})
     proc = _trinity(config, head.env(job_env), timeout=120)
     assert proc.returncode == 1
     line = (

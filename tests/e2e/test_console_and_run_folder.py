@@ -17,63 +17,65 @@ import select
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from trinity.testing.jobs import tiny_job, tiny_taskset, write_job
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-CONFIG = """
-project: console
-name: job
-checkpoint_root_dir: {root}/checkpoints
-continue_from_checkpoint: false
-algorithm: {{algorithm_type: grpo, repeat_times: 2}}
-model: {{model_path: {model}, max_prompt_tokens: 32, max_response_tokens: 16}}
-buffer:
-  batch_size: 2
-  total_steps: 3
-  explorer_input:
-    taskset:
-      name: arithmetic
-      storage_type: file
-      path: {root}/data
-      split: train
-      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-    eval_tasksets:
-      - name: heldout
-        storage_type: file
-        path: {root}/data
-        split: test
-        format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-        rollout_args: {{temperature: 0.0}}
-    default_workflow_type: math_workflow
-    default_reward_fn_type: math_reward
-  trainer_input:
-    experience_buffer: {{name: experiences, storage_type: queue}}
-explorer:
-  eval_interval: 2
-  eval_on_startup: true
-  rollout_model: {{engine_type: transformers, engine_num: 1, dtype: float32, seed: 0}}
-synchronizer: {{sync_method: memory, sync_interval: 1}}
-trainer: {{trainer_type: native, save_interval: 0, dtype: float32, seed: 0}}
-monitor: {{monitor_type: tensorboard}}
-stages:
-  - stage_name: warmup
-    mode: train
-    algorithm: {{algorithm_type: sft}}
-    buffer:
-      train_batch_size: 4
-      total_steps: 3
-      trainer_input:
-        experience_buffer:
-          name: sft_data
-          storage_type: file
-          path: {root}/data/sft
-          split: train
-          format: {{prompt_type: plaintext, prompt_key: prompt, response_key: response}}
-  - stage_name: rl
-    mode: both
-"""
+
+def _config(root: Path, model: Path) -> dict:
+    """The quickstart-shaped job on the model at ``model``."""
+    warmup_data = {
+        "name": "sft_data",
+        "storage_type": "file",
+        "path": f"{root}/data/sft",
+        "split": "train",
+        "format": {"prompt_type": "plaintext", "prompt_key": "prompt", "response_key": "response"},
+    }
+    return tiny_job(
+        root,
+        project="console",
+        name="job",
+        checkpoint_root_dir=f"{root}/checkpoints",
+        continue_from_checkpoint=False,
+        model={"model_path": str(model), "max_prompt_tokens": 32, "max_response_tokens": 16},
+        buffer={
+            "total_steps": 3,
+            "explorer_input": {
+                "taskset": {"name": "arithmetic"},
+                "eval_tasksets": [
+                    tiny_taskset(root, "heldout", split="test", rollout_args={"temperature": 0.0})
+                ],
+            },
+            "trainer_input": {
+                "experience_buffer": {"name": "experiences", "storage_type": "queue", "path": None}
+            },
+        },
+        explorer={
+            "eval_interval": 2,
+            "eval_on_startup": True,
+            "runner_per_model": None,
+            "rollout_model": {"seed": 0},
+        },
+        synchronizer={"sync_method": "memory", "sync_interval": 1},
+        trainer={"seed": 0},
+        stages=[
+            {
+                "stage_name": "warmup",
+                "mode": "train",
+                "algorithm": {"algorithm_type": "sft"},
+                "buffer": {
+                    "train_batch_size": 4,
+                    "total_steps": 3,
+                    "trainer_input": {"experience_buffer": warmup_data},
+                },
+            },
+            {"stage_name": "rl", "mode": "both"},
+        ],
+    )
 
 
 def screen(raw: str) -> list[str]:
@@ -128,15 +130,8 @@ def run_on_a_terminal(command: list[str], env: dict[str, str], timeout: float = 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, math_job, job_env):
-    from trinity_math.tasks import main as make_tasks
-
-    root = math_job(tmp_path_factory.mktemp("console_job"), train=16, test=4)
-    assert (
-        make_tasks(["arithmetic", "--out", str(root / "data"), "--train", "16", "--test", "4", "--sft", "8"])
-        == 0
-    )
-    config = root / "job.yaml"
-    config.write_text(CONFIG.format(root=root, model=root / "model"))
+    root = math_job(tmp_path_factory.mktemp("console_job"), train=16, test=4, sft=8)
+    config = write_job(root / "job.yaml", _config(root, root / "model"))
     env = {**job_env, "COLUMNS": "200", "TERM": "xterm"}
     code, raw = run_on_a_terminal([sys.executable, "-m", "trinity.cli", "run", "--config", str(config)], env)
     assert code == 0, raw[-4000:]
@@ -198,8 +193,7 @@ def test_a_start_that_fails_before_its_actors_are_up_leaves_no_folder(job, job_e
     broken = root / "broken-model"
     broken.mkdir(exist_ok=True)
     (broken / "config.json").write_text("{ not json")
-    config = root / "broken.yaml"
-    config.write_text(CONFIG.format(root=root, model=broken))
+    config = write_job(root / "broken.yaml", _config(root, broken))
     before = sorted(p.name for p in (root / "checkpoints" / "console").iterdir())
     proc = subprocess.run(
         [sys.executable, "-m", "trinity.cli", "run", "--config", str(config)],

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,46 +20,13 @@ from pathlib import Path
 
 import pytest
 
+from trinity.testing.jobs import tiny_job, write_job
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TOTAL, BATCH = 8, 16  # steps; experiences per step (4 tasks x 4 rollouts)
 INTERVAL = 2  # synchronizer.sync_interval (sync_offset 0) and the trainer's checkpoint interval
 POSTGRES_URL_VAR = "TRINITY_TEST_POSTGRES_URL"
-
-COMMON = f"""
-project: e2e
-name: pair
-checkpoint_root_dir: {{root}}/ckpt
-continue_from_checkpoint: true
-algorithm:
-  algorithm_type: grpo
-  repeat_times: 4
-  optimizer: {{{{lr: 1.0e-3}}}}
-model: {{{{model_path: {{root}}/model, max_prompt_tokens: 128, max_response_tokens: 12}}}}
-buffer:
-  total_steps: {TOTAL}
-  batch_size: 4
-  explorer_input:
-    taskset:
-      name: arith
-      storage_type: file
-      path: {{root}}/data
-      format: {{{{prompt_key: question, response_key: answer, system_prompt: ""}}}}
-    default_workflow_type: math_workflow
-    default_reward_fn_type: math_reward
-  trainer_input:
-    experience_buffer:
-      name: {{table}}
-      storage_type: queue
-      path: {{url}}
-      max_read_timeout: {{timeout}}
-explorer:
-  runner_per_model: 2
-  rollout_model: {{{{engine_type: transformers, dtype: float32, seed: 1}}}}
-synchronizer: {{{{sync_method: checkpoint, sync_interval: {INTERVAL}, sync_offset: 0}}}}
-trainer: {{{{trainer_type: native, save_interval: {INTERVAL}, dtype: float32}}}}
-monitor: {{{{monitor_type: tensorboard}}}}
-"""
 
 # The relative SQLite path names one file for both jobs: both start in the test's folder.
 SQLITE = ("sqlite:///buffer.db", "pair_buffer")
@@ -68,10 +34,30 @@ SQLITE = ("sqlite:///buffer.db", "pair_buffer")
 
 def _write(root: Path, mode: str, timeout: int = 300, buffer: tuple[str, str] = SQLITE) -> Path:
     url, table = buffer
-    path = root / f"{mode}.yaml"
-    text = COMMON.format(root=root, timeout=timeout, url=url, table=table)
-    path.write_text(textwrap.dedent(text) + f"mode: {mode}\n")
-    return path
+    config = tiny_job(
+        root,
+        name="pair",
+        mode=mode,
+        continue_from_checkpoint=True,
+        algorithm={"repeat_times": 4, "optimizer": {"lr": 1.0e-3}},
+        model={"max_response_tokens": 12},
+        buffer={
+            "total_steps": TOTAL,
+            "batch_size": 4,
+            "trainer_input": {
+                "experience_buffer": {
+                    "name": table,
+                    "storage_type": "queue",
+                    "path": url,
+                    "max_read_timeout": timeout,
+                }
+            },
+        },
+        explorer={"eval_on_startup": None},
+        synchronizer={"sync_method": "checkpoint", "sync_interval": INTERVAL, "sync_offset": 0},
+        trainer={"save_interval": INTERVAL},
+    )
+    return write_job(root / f"{mode}.yaml", config)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -9,40 +9,15 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from trinity.run_status import read_run_status
+from trinity.testing.jobs import tiny_job, write_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-CONFIG = """
-project: e2e
-name: {name}
-checkpoint_root_dir: {root}/ckpt
-algorithm: {{algorithm_type: grpo, repeat_times: 2, sample_strategy: {sample_strategy}}}
-model: {{model_path: {root}/model, max_prompt_tokens: 128, max_response_tokens: 8}}
-buffer:
-  total_steps: {steps}
-  batch_size: 2
-  explorer_input:
-    taskset:
-      name: arith
-      storage_type: file
-      path: {root}/data
-      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-    default_workflow_type: {workflow}
-    default_reward_fn_type: math_reward
-  trainer_input:
-    experience_buffer: {{name: exp, storage_type: sql, path: "sqlite:///{root}/{name}.db"}}
-explorer:
-  max_retry_times: 0
-  rollout_model: {{engine_type: transformers, dtype: float32}}
-trainer: {{trainer_type: native, save_interval: 0, dtype: float32}}
-"""
 
 # A workflow that kills its whole process: the explorer actor dies, not just a task.
 DYING_PLUGIN = """
@@ -99,12 +74,23 @@ def _ray_pids(driver_pid: int) -> set[int]:
 
 
 def _config(root: Path, name: str, workflow: str, steps: int, sample_strategy: str = "default") -> Path:
-    config = root / f"{name}.yaml"
-    text = CONFIG.format(
-        root=root, name=name, workflow=workflow, steps=steps, sample_strategy=sample_strategy
+    config = tiny_job(
+        root,
+        name=name,
+        algorithm={"sample_strategy": sample_strategy},
+        buffer={
+            "total_steps": steps,
+            "explorer_input": {"default_workflow_type": workflow},
+            "trainer_input": {"experience_buffer": {"path": f"sqlite:///{root}/{name}.db"}},
+        },
+        explorer={
+            "max_retry_times": 0,
+            "eval_on_startup": None,
+            "runner_per_model": None,
+            "rollout_model": {"seed": None},
+        },
     )
-    config.write_text(textwrap.dedent(text))
-    return config
+    return write_job(root / f"{name}.yaml", config)
 
 
 def _start(

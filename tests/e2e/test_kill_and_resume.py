@@ -7,48 +7,35 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from trinity.testing.jobs import tiny_job, write_job
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TOTAL, BATCH = 6, 16  # train steps; experiences per step (4 tasks x 4 rollouts)
 
-CONFIG = f"""
-project: e2e
-name: resume
-mode: both
-checkpoint_root_dir: {{root}}/ckpt
-continue_from_checkpoint: true
-algorithm:
-  algorithm_type: grpo
-  repeat_times: 4
-  optimizer: {{{{lr: 1.0e-3}}}}
-  entropy_loss_fn_args: {{{{entropy_coef: 0.01}}}}
-model: {{{{model_path: {{root}}/model, max_prompt_tokens: 128, max_response_tokens: 12}}}}
-buffer:
-  total_steps: {TOTAL}
-  batch_size: 4
-  explorer_input:
-    taskset:
-      name: arith
-      storage_type: file
-      path: {{root}}/data
-      format: {{{{prompt_key: question, response_key: answer, system_prompt: ""}}}}
-    default_workflow_type: math_workflow
-    default_reward_fn_type: math_reward
-  trainer_input:
-    experience_buffer: {{{{name: exp, storage_type: sql, path: "sqlite:///{{root}}/buffer.db"}}}}
-explorer:
-  runner_per_model: 2
-  rollout_model: {{{{engine_type: transformers, dtype: float32, seed: 1}}}}
-synchronizer: {{{{sync_method: memory, sync_interval: 2, sync_offset: 1}}}}
-trainer: {{{{trainer_type: native, save_interval: 2, dtype: float32}}}}
-monitor: {{{{monitor_type: tensorboard}}}}
-"""
+
+def _config(root: Path) -> dict:
+    return tiny_job(
+        root,
+        name="resume",
+        mode="both",
+        continue_from_checkpoint=True,
+        algorithm={
+            "repeat_times": 4,
+            "optimizer": {"lr": 1.0e-3},
+            "entropy_loss_fn_args": {"entropy_coef": 0.01},
+        },
+        model={"max_response_tokens": 12},
+        buffer={"total_steps": TOTAL, "batch_size": 4},
+        explorer={"eval_on_startup": None},
+        synchronizer={"sync_method": "memory", "sync_interval": 2, "sync_offset": 1},
+        trainer={"save_interval": 2},
+    )
 
 
 def _start(root: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -64,7 +51,7 @@ def _start(root: Path, env: dict[str, str]) -> subprocess.Popen:
 
 def test_sigkill_then_resume(tmp_path, math_job, job_env):
     math_job(tmp_path, train=200, test=4, difficulty=3)
-    (tmp_path / "job.yaml").write_text(textwrap.dedent(CONFIG.format(root=tmp_path)))
+    write_job(tmp_path / "job.yaml", _config(tmp_path))
 
     first = _start(tmp_path, job_env)
     seen = []

@@ -12,67 +12,34 @@ scores a fixed token sequence and reports the weights' version).
 from __future__ import annotations
 
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from trinity.testing.jobs import tiny_job, write_job
+
+from .conftest import PLUGINS, probe_taskset
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PLUGINS = Path(__file__).parent / "plugins"  # the weights_probe eval workflow
 
-
-CONFIG = """
-project: e2e
-name: nccl
-mode: both
-checkpoint_root_dir: {root}/ckpt
-algorithm:
-  algorithm_type: grpo
-  repeat_times: 2
-  optimizer: {{lr: 1.0e-2}}
-  entropy_loss_fn_args: {{entropy_coef: 0.01}}
-model:
-  model_path: {root}/model
-  max_prompt_tokens: 128
-  max_response_tokens: 8
-buffer:
-  total_steps: 3
-  batch_size: 2
-  explorer_input:
-    taskset:
-      name: arith
-      storage_type: file
-      path: {root}/data
-      split: train
-      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-    eval_tasksets:
-      - name: probe
-        storage_type: file
-        path: {root}/data
-        split: test
-        format: {{prompt_key: question, response_key: answer}}
-        default_workflow_type: weights_probe
-    default_workflow_type: math_workflow
-    default_reward_fn_type: math_reward
-  trainer_input:
-    experience_buffer: {{name: exp, storage_type: sql, path: "sqlite:///{root}/buffer.db"}}
-explorer:
-  eval_interval: 2
-  eval_on_startup: false
-  runner_per_model: 1
-  rollout_model: {{engine_type: transformers, engine_num: 2, dtype: float32, seed: 1}}
-synchronizer: {{sync_method: nccl, sync_interval: 1, sync_offset: 0, sync_timeout: 60}}
-trainer: {{trainer_type: native, save_interval: 1, dtype: float32}}
-monitor: {{monitor_type: tensorboard}}
-"""
+def _config(root: Path) -> dict:
+    return tiny_job(
+        root,
+        name="nccl",
+        mode="both",
+        algorithm={"optimizer": {"lr": 1.0e-2}, "entropy_loss_fn_args": {"entropy_coef": 0.01}},
+        buffer={"total_steps": 3, "explorer_input": {"eval_tasksets": [probe_taskset(root)]}},
+        explorer={"eval_interval": 2, "runner_per_model": 1, "rollout_model": {"engine_num": 2}},
+        synchronizer={"sync_method": "nccl", "sync_interval": 1, "sync_offset": 0, "sync_timeout": 60},
+        trainer={"save_interval": 1},
+    )
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, math_job, trinity_run) -> tuple[Path, subprocess.CompletedProcess]:
     root = math_job(tmp_path_factory.mktemp("nccl"), train=32, test=2)
-    (root / "job.yaml").write_text(textwrap.dedent(CONFIG.format(root=root)))
-    return root, trinity_run(root / "job.yaml", "--plugin-dir", str(PLUGINS))
+    return root, trinity_run(write_job(root / "job.yaml", _config(root)), "--plugin-dir", str(PLUGINS))
 
 
 def test_the_backend_is_chosen_and_logged_once(job):

@@ -12,45 +12,13 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+from trinity.testing.jobs import tiny_job, write_job
 
-CONFIG = """
-project: e2e
-name: {name}
-checkpoint_root_dir: {root}/ckpt
-continue_from_checkpoint: false
-algorithm: {{algorithm_type: grpo, repeat_times: 2}}
-model: {{model_path: {root}/model, max_prompt_tokens: 128, max_response_tokens: 8}}
-buffer:
-  total_steps: {steps}
-  batch_size: 6
-  explorer_input:
-    taskset:
-      name: arith
-      path: {root}/data/train.jsonl
-      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-    default_workflow_type: {workflow}
-    default_reward_fn_type: math_reward
-  trainer_input:
-    experience_buffer:
-      name: exp
-      storage_type: sql
-      path: "sqlite:///{root}/{db}.db"
-      max_read_timeout: 1000
-explorer:
-  max_timeout: 3
-  max_retry_times: 0
-  runner_per_model: 6
-  max_consecutive_failed_steps: 2
-  rollout_model: {{engine_type: transformers, dtype: float32}}
-trainer: {{trainer_type: native, save_interval: 0, dtype: float32}}
-monitor: {{monitor_type: tensorboard}}
-"""
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PLUGIN = """
 import time
@@ -106,10 +74,39 @@ def root(tmp_path_factory, math_job) -> Path:
 def _run(
     root: Path, job_env, *, name: str, workflow: str, steps: int, db: str = "buffer", timeout: float = 600
 ):
-    config = root / f"{name}.yaml"
-    text = CONFIG.format(root=root, name=name, workflow=workflow, steps=steps, db=db)
-    config.write_text(textwrap.dedent(text))
-    command = [sys.executable, "-m", "trinity.cli", "run", "--config", str(config)]
+    config = tiny_job(
+        root,
+        name=name,
+        continue_from_checkpoint=False,
+        buffer={
+            "total_steps": steps,
+            "batch_size": 6,
+            "explorer_input": {
+                # The train file itself: HOSTILE_ROWS are appended to it.
+                "taskset": {"path": f"{root}/data/train.jsonl"},
+                "default_workflow_type": workflow,
+            },
+            "trainer_input": {
+                "experience_buffer": {"path": f"sqlite:///{root}/{db}.db", "max_read_timeout": 1000}
+            },
+        },
+        explorer={
+            "max_timeout": 3,
+            "max_retry_times": 0,
+            "runner_per_model": 6,
+            "max_consecutive_failed_steps": 2,
+            "eval_on_startup": None,
+            "rollout_model": {"seed": None},
+        },
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "trinity.cli",
+        "run",
+        "--config",
+        str(write_job(root / f"{name}.yaml", config)),
+    ]
     command += ["--plugin-dir", str(root / "plugins")]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=job_env)
 

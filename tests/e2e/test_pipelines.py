@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import textwrap
+from pathlib import Path
 
 import pytest
 
 from trinity.run_status import read_run_status
+from trinity.testing.jobs import tiny_job, write_job
 
 from .conftest import PLUGINS
 
@@ -24,63 +25,62 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STEPS, BATCH, REPEAT = 3, 4, 2
 
-CONFIG = f"""
-project: e2e
-name: pipelines
-checkpoint_root_dir: {{root}}/ckpt
-algorithm:
-  algorithm_type: grpo
-  repeat_times: {REPEAT}
-  optimizer: {{{{lr: 1.0e-3}}}}
-model: {{{{model_path: {{root}}/model, max_prompt_tokens: 128, max_response_tokens: 8}}}}
-data_processor:
-  task_pipeline:
-    inputs: [{{root}}/raw.jsonl]
-    target_fields: [question, answer]
-    operators:
-      - name: length_filter
-        args: {{{{text_keys: question, min_len: 3}}}}
-      - name: deduplicator
-  experience_pipeline:
-    operators:
-      - name: data_juicer  # real Data-Juicer operators, in the service the explorer started
-        args:
-          process:
-            - text_length_filter: {{{{min_len: 0}}}}
+
+def _config(root: Path) -> dict:
+    data_juicer = {
+        "process": [
+            {"text_length_filter": {"min_len": 0}},
             # Scores each experience with the auxiliary model `judge`, served by the job; the
             # tiny judge's replies hold no scores, so every score is 0 and every row is kept.
-            - llm_quality_score_filter: {{{{api_or_hf_model: judge, min_score: 0.0, try_num: 1}}}}
-      - name: reward_shaping_mapper
-        args:
-          reward_shaping_configs: [{{{{stats_key: length_class, op_type: ADD, weight: 1.0}}}}]
-      - name: reward_std_filter
-    save_input: true
-buffer:
-  total_steps: {STEPS}
-  batch_size: {BATCH}
-  explorer_input:
-    taskset:
-      name: arith
-      storage_type: file
-      path: {{root}}/unused
-      format: {{{{prompt_key: question, response_key: answer, system_prompt: ""}}}}
-    default_workflow_type: math_workflow
-    default_reward_fn_type: varied_reward
-  trainer_input:
-    experience_buffer: {{{{name: exp, storage_type: sql, path: "sqlite:///{{root}}/buffer.db"}}}}
-explorer:
-  eval_on_startup: false
-  runner_per_model: 2
-  rollout_model: {{{{engine_type: transformers, dtype: float32, seed: 1}}}}
-  auxiliary_models:
-    - {{{{name: judge, model_path: {{root}}/model, engine_type: transformers, dtype: float32,
-        max_prompt_tokens: 3500, max_response_tokens: 4, enable_log_requests: true}}}}
-service:
-  data_juicer: {{{{auto_start: true}}}}
-synchronizer: {{{{sync_method: memory, sync_interval: 1}}}}
-trainer: {{{{trainer_type: native, save_interval: 0, dtype: float32}}}}
-monitor: {{{{monitor_type: tensorboard}}}}
-"""
+            {"llm_quality_score_filter": {"api_or_hf_model": "judge", "min_score": 0.0, "try_num": 1}},
+        ]
+    }
+    shaping = [{"stats_key": "length_class", "op_type": "ADD", "weight": 1.0}]
+    judge = {
+        "name": "judge",
+        "model_path": f"{root}/model",
+        "engine_type": "transformers",
+        "dtype": "float32",
+        "max_prompt_tokens": 3500,
+        "max_response_tokens": 4,
+        "enable_log_requests": True,
+    }
+    return tiny_job(
+        root,
+        name="pipelines",
+        algorithm={"repeat_times": REPEAT, "optimizer": {"lr": 1.0e-3}},
+        data_processor={
+            "task_pipeline": {
+                "inputs": [f"{root}/raw.jsonl"],
+                "target_fields": ["question", "answer"],
+                "operators": [
+                    {"name": "length_filter", "args": {"text_keys": "question", "min_len": 3}},
+                    {"name": "deduplicator"},
+                ],
+            },
+            "experience_pipeline": {
+                "operators": [
+                    # Real Data-Juicer operators, in the service the explorer started.
+                    {"name": "data_juicer", "args": data_juicer},
+                    {"name": "reward_shaping_mapper", "args": {"reward_shaping_configs": shaping}},
+                    {"name": "reward_std_filter"},
+                ],
+                "save_input": True,
+            },
+        },
+        buffer={
+            "total_steps": STEPS,
+            "batch_size": BATCH,
+            "explorer_input": {
+                # The task pipeline writes the taskset the explorer reads.
+                "taskset": {"path": f"{root}/unused"},
+                "default_reward_fn_type": "varied_reward",
+            },
+        },
+        explorer={"auxiliary_models": [judge]},
+        service={"data_juicer": {"auto_start": True}},
+        synchronizer={"sync_method": "memory", "sync_interval": 1},
+    )
 
 
 def test_task_and_experience_pipelines_shape_what_is_trained(tmp_path, math_job, trinity_run):
@@ -91,9 +91,7 @@ def test_task_and_experience_pipelines_shape_what_is_trained(tmp_path, math_job,
     tasks = [json.loads(line) for line in (root / "data" / "train.jsonl").read_text().splitlines()]
     raw = tasks + tasks + [{"question": "1", "answer": "1"}] * 3  # duplicates and too-short rows
     (root / "raw.jsonl").write_text("".join(json.dumps(t) + "\n" for t in raw))
-    (root / "job.yaml").write_text(textwrap.dedent(CONFIG.format(root=root)))
-
-    out = trinity_run(root / "job.yaml", "--plugin-dir", str(PLUGINS)).stdout
+    out = trinity_run(write_job(root / "job.yaml", _config(root)), "--plugin-dir", str(PLUGINS)).stdout
     assert f"[trinity] task pipeline: {len(raw)} rows -> {len(tasks)} tasks" in out, out[-2000:]
     job = root / "ckpt" / "e2e" / "pipelines"
     assert read_run_status(job)["status"] == "finished"

@@ -121,13 +121,8 @@ def test_opmd_variant_learns(tmp_path):
     assert last > first, reward
 
 
-def test_dpo_example_loss_falls_and_prefers_chosen(tmp_path):
-    from trinity_math.tasks import main as make_tasks
-    from trinity_math.tiny import create_math_model
-
-    assert make_tasks(["arithmetic", "--out", str(tmp_path / "data"), "--train", "200", "--test", "55",
-                       "--dpo", "200", "--difficulty", "3"]) == 0  # fmt: skip
-    create_math_model(tmp_path / "model", seed=0)
+def test_dpo_example_loss_falls_and_prefers_chosen(tmp_path, math_job):
+    math_job(tmp_path, train=200, test=55, difficulty=3, dpo=200)
     data = yaml.safe_load((ROOT / "examples" / "dpo" / "dpo.yaml").read_text())
     data["buffer"]["total_steps"] = 30
     config = tmp_path / "dpo.yaml"

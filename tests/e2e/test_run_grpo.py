@@ -3,67 +3,43 @@
 from __future__ import annotations
 
 import sqlite3
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from trinity.testing.jobs import tiny_job, tiny_taskset, write_job
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-CONFIG = """
-project: e2e
-name: grpo
-mode: both
-checkpoint_root_dir: {root}/ckpt
-algorithm:
-  algorithm_type: grpo
-  repeat_times: 4
-  optimizer: {{lr: 1.0e-3}}
-  # An entropy bonus gives a gradient even when every rollout of a task scores the same.
-  entropy_loss_fn_args: {{entropy_coef: 0.01}}
-model:
-  model_path: {root}/model
-  max_prompt_tokens: 256
-  max_response_tokens: 16
-buffer:
-  total_steps: 4
-  batch_size: 4
-  explorer_input:
-    taskset:
-      name: arith
-      storage_type: file
-      path: {root}/data
-      split: train
-      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-    eval_tasksets:
-      - name: arith_test
-        storage_type: file
-        path: {root}/data
-        split: test
-        format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-    default_workflow_type: math_workflow
-    default_reward_fn_type: math_reward
-  trainer_input:
-    experience_buffer:
-      name: exp
-      storage_type: sql
-      path: sqlite:///{root}/buffer.db
-explorer:
-  eval_interval: 2
-  eval_on_startup: false
-  runner_per_model: 2
-  rollout_model: {{engine_type: transformers, engine_num: 1, dtype: float32, seed: 1}}
-synchronizer: {{sync_method: memory, sync_interval: 2, sync_offset: 1}}
-trainer: {{trainer_type: native, save_interval: 2, dtype: float32}}
-monitor: {{monitor_type: tensorboard, enable_ray_timeline: true}}
-"""
+
+def _config(root: Path) -> dict:
+    return tiny_job(
+        root,
+        name="grpo",
+        mode="both",
+        algorithm={
+            "repeat_times": 4,
+            "optimizer": {"lr": 1.0e-3},
+            # An entropy bonus gives a gradient even when every rollout of a task scores the same.
+            "entropy_loss_fn_args": {"entropy_coef": 0.01},
+        },
+        model={"max_prompt_tokens": 256, "max_response_tokens": 16},
+        buffer={
+            "total_steps": 4,
+            "batch_size": 4,
+            "explorer_input": {"eval_tasksets": [tiny_taskset(root, "arith_test", split="test")]},
+        },
+        explorer={"eval_interval": 2},
+        synchronizer={"sync_method": "memory", "sync_interval": 2, "sync_offset": 1},
+        trainer={"save_interval": 2},
+        monitor={"enable_ray_timeline": True},
+    )
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, math_job, trinity_run) -> Path:
     root = math_job(tmp_path_factory.mktemp("job"), train=64, test=8)
-    (root / "job.yaml").write_text(textwrap.dedent(CONFIG.format(root=root)))
-    proc = trinity_run(root / "job.yaml")
+    proc = trinity_run(write_job(root / "job.yaml", _config(root)))
     assert "step 4/4" in proc.stdout + proc.stderr  # the console progress line
     return root
 

@@ -13,7 +13,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import urllib.request
@@ -21,37 +20,32 @@ from pathlib import Path
 
 import pytest
 
+from trinity.testing.jobs import tiny_job, write_job
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 openai = pytest.importorskip("openai")
 
-CONFIG = """
-project: e2e
-name: online
-checkpoint_root_dir: {root}/ckpt
-algorithm:
-  algorithm_type: multi_step_grpo
-  repeat_times: 2
-  optimizer: {{lr: 1.0e-3}}
-model:
-  model_path: {root}/model
-  max_prompt_tokens: 128
-  max_response_tokens: 8
-buffer:
-  batch_size: 2
-  train_batch_size: 16  # step-wise: an upper bound; a train step takes one explorer step
-  trainer_input:
-    experience_buffer:
-      name: exp
-      storage_type: sql
-      path: sqlite:///{root}/buffer.db
-explorer:
-  proxy_port: 0
-  service_status_check_interval: 1
-  rollout_model: {{engine_type: {engine}, dtype: float32, seed: 1}}
-trainer: {{trainer_type: native, save_interval: 1, total_steps: 2, dtype: float32}}
-monitor: {{monitor_type: tensorboard}}
-"""
+
+def _write(root: Path, mode: str, engine: str) -> Path:
+    """The online job's config in ``mode`` (serve or train): no taskset, the served calls are the data."""
+    config = tiny_job(
+        root,
+        name="online",
+        mode=mode,
+        algorithm={"algorithm_type": "multi_step_grpo", "optimizer": {"lr": 1.0e-3}},
+        # Step-wise: train_batch_size is an upper bound; a train step takes one explorer step.
+        buffer={"train_batch_size": 16, "explorer_input": None},
+        explorer={
+            "proxy_port": 0,
+            "service_status_check_interval": 1,
+            "eval_on_startup": None,
+            "runner_per_model": None,
+            "rollout_model": {"engine_type": engine},
+        },
+        trainer={"save_interval": 1, "total_steps": 2},
+    )
+    return write_job(root / f"{mode}.yaml", config)
 
 
 class _Job:
@@ -137,12 +131,7 @@ _NO_VLLM = importlib.util.find_spec("vllm") is None
 def test_serve_and_train(tmp_path, math_job, job_env, engine):
     # The tiny model (its taskset is not used); vLLM's CPU attention needs 32-wide heads.
     math_job(tmp_path, train=2, test=1, **({"hidden_size": 128, "num_heads": 4} if engine == "vllm" else {}))
-    config = tmp_path / "online.yaml"
-    config.write_text(textwrap.dedent(CONFIG.format(root=tmp_path, engine=engine)))
-    serve_config = tmp_path / "serve.yaml"
-    serve_config.write_text(config.read_text() + "mode: serve\n")
-    train_config = tmp_path / "train.yaml"
-    train_config.write_text(config.read_text() + "mode: train\n")
+    serve_config, train_config = _write(tmp_path, "serve", engine), _write(tmp_path, "train", engine)
 
     serve = _Job(serve_config, job_env)
     train = None

