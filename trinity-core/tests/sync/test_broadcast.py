@@ -352,21 +352,15 @@ def test_group_spec_wire_form_and_a_receiver_joining_group_after_group():
 
 
 @pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory):
-    from trinity.testing.tiny_model import create_tiny_model
-
-    root = tmp_path_factory.mktemp("models")
-    return (
-        str(create_tiny_model(root / "a", hidden_size=32, seed=0)),
-        str(create_tiny_model(root / "b", hidden_size=32, seed=1)),
-    )
+def tiny_models(tiny_model):
+    return str(tiny_model(hidden_size=32, seed=0)), str(tiny_model(hidden_size=32, seed=1))
 
 
 def test_transformers_engines_receive_the_broadcast(tiny_models):
     """Two transformers engines in one process (two ranks), as an explorer with engine_num 2."""
     from transformers import AutoModelForCausalLM
 
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     engines = [TransformersEngine(tiny_models[0], dtype="float32", device="cpu") for _ in range(2)]
     trained = AutoModelForCausalLM.from_pretrained(tiny_models[1]).state_dict()
@@ -420,7 +414,7 @@ class _FakeWorker:
 
 
 def test_vllm_worker_extension_reloads_each_version_in_one_pass():
-    from trinity.explorer.engines.vllm_engine import WeightUpdateExtension
+    from trinity.rollout.vllm_engine import WeightUpdateExtension
 
     worker_cls = type("Worker", (WeightUpdateExtension, _FakeWorker), {"trinity_load_batch_bytes": 200})
     # One engine with tensor_parallel_size 2: its workers are ranks offset+0 and offset+1; the

@@ -8,14 +8,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from trinity.sync.memory import pack_weights
-from trinity.testing.tiny_model import create_tiny_model
 
 
 @pytest.fixture
-def models(tmp_path):
-    return str(create_tiny_model(tmp_path / "a", hidden_size=32, seed=0)), str(
-        create_tiny_model(tmp_path / "b", hidden_size=32, seed=1)
-    )
+def models(tiny_model):
+    return str(tiny_model(hidden_size=32, seed=0)), str(tiny_model(hidden_size=32, seed=1))
 
 
 def test_pack_weights_snapshots_cpu_copies_that_load(models):
