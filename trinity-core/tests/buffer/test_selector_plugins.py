@@ -388,9 +388,8 @@ def test_feature_keys_and_kwargs_warn_only_where_nothing_reads_them(monkeypatch)
 # -- end to end: an explore step feeds the selector ---------------------------------------------------
 
 
-def test_explore_step_feeds_the_selector(tmp_path, plugin):
+def test_explore_step_feeds_the_selector(tmp_path, plugin, tiny_model):
     from trinity.explorer.engines.transformers_engine import TransformersEngine
-    from trinity.testing.tiny_model import create_tiny_model
 
     class Parity(Workflow):
         can_repeat = True
@@ -410,7 +409,7 @@ def test_explore_step_feeds_the_selector(tmp_path, plugin):
     from trinity.plugins import get_manager
 
     get_manager().register_plugin(Workflows(), "parity")
-    model = create_tiny_model(tmp_path / "model", seed=0)
+    model = tiny_model(seed=0)
     data = write_rows(tmp_path / "tasks.jsonl", qs(4))
     config = Config.model_validate(
         {
