@@ -220,7 +220,7 @@ def test_reuse_clears_a_previous_attempts_history_and_rewards_group_for_multi_st
     assert [e.eid.run for e in good + bad] == [0, 0, 1]
 
     batch = build_batch(good + bad)
-    batch, metrics = StepWiseGRPOAdvantageFn()(batch)
+    batch, metrics = StepWiseGRPOAdvantageFn()(batch.to_dict())
     adv = batch["advantages"]
     # the good episode's two steps share one positive advantage, the bad one's is negative
     assert adv[0][batch["action_mask"][0].bool()].unique().numel() == 1

@@ -391,7 +391,7 @@ def test_multi_step_grpo_broadcasts_the_episode_advantage_to_every_step(games):
     rows = [exp for episode in episodes for exp in episode]
     algorithm = get_component("algorithm_type", "multi_step_grpo")
     advantage_fn = get_component("advantage_fn", algorithm.default_config()["advantage_fn"])()
-    batch, _ = advantage_fn(build_batch(rows))
+    batch, _ = advantage_fn(build_batch(rows).to_dict())
     advantages = batch["advantages"]
     mask = batch["action_mask"].bool()
     per_row = []

@@ -77,6 +77,7 @@ def test_kl_penalty_on_reward_and_adaptive_controller():
     }
     fn = K1KLFn(kl_coef=0.1, adaptive=True, target_kl=0.1, horizon=10)
     out, metrics = fn.apply_kl_penalty_to_reward(batch)
+    assert set(batch) == {"rewards", "action_mask", "old_logprob", "ref_logprob"}  # a new dict
     # k1 per token: row 0 (1, 0, masked), row 1 (0, 2, 0); reward on the last valid token.
     expected = torch.tensor([[-0.1, 1.0, 0.0], [0.0, -0.2, 2.0]])
     torch.testing.assert_close(out["token_level_rewards"], expected)
@@ -87,7 +88,8 @@ def test_kl_penalty_on_reward_and_adaptive_controller():
 
 def test_no_kl_leaves_rewards_and_needs_no_reference():
     batch = {"rewards": torch.ones(2), "action_mask": torch.ones(2, 2)}
-    out, metrics = NoKLFn().apply_kl_penalty_to_reward(dict(batch))
+    out, metrics = NoKLFn().apply_kl_penalty_to_reward(batch)
+    assert "token_level_rewards" not in batch  # a new dict
     torch.testing.assert_close(out["token_level_rewards"], torch.tensor([[0.0, 1.0], [0.0, 1.0]]))
     assert metrics == {}
     loss, _ = NoKLFn().calculate_kl_loss(torch.zeros(2, 2), None, torch.ones(2, 2))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 
 from trinity.experience import EID, Experience
-from trinity.trainer.batch import build_batch, select_rows
+from trinity.trainer.batch import TrainBatch, build_batch, select_rows
 
 
 def _exp(prompt, response, **kw):
@@ -70,3 +73,33 @@ def test_dpo_expands_to_interleaved_chosen_rejected_rows():
     ]
     assert b["action_mask"].tolist() == [[1, 1, 0], [1, 0, 0], [1, 0, 0], [1, 1, 1]]
     assert b["group_ids"].tolist() == [0, 0, 1, 1]
+
+
+def test_a_batch_is_typed_and_never_changed_in_place():
+    b = build_batch([_exp([1], [2, 3], reward=1.0, eid=EID(task=0)), _exp([4, 5], [6], eid=EID(task=1))])
+    with pytest.raises(TypeError):
+        b["advantages"] = torch.zeros(2, 2)  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        b.advantages = torch.zeros(2, 2)  # type: ignore[misc]
+    # Optional fields are absent from the mapping until a stage sets them, in a new batch.
+    assert b.advantages is None and "advantages" not in b and b.get("advantages") is None
+    with_adv = b.with_(advantages=torch.ones(2, 2))
+    assert "advantages" in with_adv and "advantages" not in b
+    assert with_adv.input_ids is b.input_ids
+    with pytest.raises(TypeError):
+        b.with_(not_a_field=1)
+
+
+def test_keys_a_plugin_adds_are_kept_and_follow_the_rows():
+    b = build_batch([_exp([1], [2, 3], eid=EID(task=t)) for t in range(3)])
+    data = b.to_dict()
+    assert data is not b.to_dict() and set(data) == set(b)
+    data["my_weights"] = torch.tensor([1.0, 2.0, 3.0])
+    back = TrainBatch.from_mapping(data)
+    assert back.extra.keys() == {"my_weights"} and torch.equal(back["my_weights"], data["my_weights"])
+    assert select_rows(back, [2, 0])["my_weights"].tolist() == [3.0, 1.0]
+    del data["action_mask"], data["info"]
+    with pytest.raises(
+        ValueError, match=r"^a training batch needs 'action_mask', 'info', which the mapping lacks$"
+    ):
+        TrainBatch.from_mapping(data)

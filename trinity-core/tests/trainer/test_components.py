@@ -58,10 +58,12 @@ def _step_inputs(trainer: NativeTrainer, exps: list[Experience]):
     batch = build_batch(exps, trainer.pad_token_id)
     shape = batch["action_mask"].shape
     gen = torch.Generator().manual_seed(0)
-    batch["old_logprob"] = -torch.rand(shape, generator=gen)
-    batch["ref_logprob"] = -torch.rand(shape, generator=gen)
-    batch["advantages"] = torch.randn(shape, generator=gen)
-    batch["returns"] = torch.randn(shape, generator=gen)
+    batch = batch.with_(
+        old_logprob=-torch.rand(shape, generator=gen),
+        ref_logprob=-torch.rand(shape, generator=gen),
+        advantages=torch.randn(shape, generator=gen),
+        returns=torch.randn(shape, generator=gen),
+    )
     batch = to_device(batch, trainer.device)  # where the trainer runs (a GPU when there is one)
     logprob, entropy = forward_logprobs(trainer.model, batch, entropy="grad")
     return batch, logprob, entropy
@@ -78,8 +80,8 @@ def test_both_backends_loss_paths_give_the_same_loss_and_gradients(config_factor
     trainer = NativeTrainer(config)
     batch, logprob, entropy = _step_inputs(trainer, _rollouts(AutoTokenizer.from_pretrained(tiny_model_path)))
 
-    # Native: the whole micro-batch dict, as NativeTrainer._update_actor hands it over.
-    native_loss, native_metrics = trainer._actor_loss(logprob, entropy, dict(batch))
+    # Native: the whole micro-batch, as NativeTrainer.update_actor hands it over.
+    native_loss, native_metrics = trainer._actor_loss(logprob, entropy, batch)
     # veRL: the loss shipped to a worker as names, fed the tensors the worker receives (veRL's
     # key names mapped back, what ActorLoss.__call__ does after unpadding).
     loss_fn = pickle.loads(pickle.dumps(ActorLoss.from_config(config)))
@@ -101,10 +103,10 @@ def test_a_missing_ref_logprob_names_the_component_in_both_backends(config_facto
     config = _grpo(config_factory)
     trainer = NativeTrainer(config)
     batch, logprob, entropy = _step_inputs(trainer, _rollouts(AutoTokenizer.from_pretrained(tiny_model_path)))
-    del batch["ref_logprob"]
+    batch = batch.with_(ref_logprob=None)
     expected = "kl_loss_fn 'low_var_kl' needs 'ref_logprob'"
     with pytest.raises(MissingInputError, match=expected):
-        trainer._actor_loss(logprob, entropy, dict(batch))
+        trainer._actor_loss(logprob, entropy, batch)
     sent = verl_tensors(batch)
     tensors = {VERL_TO_TRINITY[k]: v for k, v in sent.items() if k in VERL_TO_TRINITY}
     with pytest.raises(MissingInputError, match=expected):

@@ -124,10 +124,12 @@ def test_actor_loss_on_a_real_micro_batch_matches_the_padded_computation():
     batch = build_verl_batch(_experiences())
     shape = batch["action_mask"].shape
     gen = torch.Generator().manual_seed(0)
-    batch["old_logprob"] = -torch.rand(shape, generator=gen)
-    batch["ref_logprob"] = -torch.rand(shape, generator=gen)
-    batch["advantages"] = torch.randn(shape, generator=gen)
-    batch["returns"] = torch.randn(shape, generator=gen)
+    batch = batch.with_(
+        old_logprob=-torch.rand(shape, generator=gen),
+        ref_logprob=-torch.rand(shape, generator=gen),
+        advantages=torch.randn(shape, generator=gen),
+        returns=torch.randn(shape, generator=gen),
+    )
     td = left_right_2_no_padding(batch_to_dataproto(batch).to_tensordict())
     # What veRL's FSDP engine assigns before calling the loss (two ranks; this is one).
     tokens = float(batch["action_mask"].sum())
@@ -314,7 +316,9 @@ def test_driver_runs_a_step_with_our_advantage_and_loss(grpo_trainer):
     assert tu.get(td, "calculate_entropy") is True
     # The advantages sent to the workers are our GRPO advantages of the real rows.
     batch = build_verl_batch(exps)
-    expected, _ = get_component("advantage_fn", "grpo")(**trainer.config.algorithm.advantage_fn_args)(batch)
+    expected, _ = get_component("advantage_fn", "grpo")(**trainer.config.algorithm.advantage_fn_args)(
+        batch.to_dict()
+    )
     assert torch.allclose(td["advantages"][:3], expected["advantages"])
     assert td["advantages"][3].abs().sum() == 0
     # Old log-probs came back from compute_log_prob through veRL's unpadding.
@@ -361,11 +365,13 @@ def test_native_and_verl_losses_agree_on_a_real_micro_batch(tmp_path):
     batch = build_verl_batch(_experiences())
     shape = batch["action_mask"].shape
     gen = torch.Generator().manual_seed(0)
-    batch["old_logprob"] = -torch.rand(shape, generator=gen)
-    batch["ref_logprob"] = -torch.rand(shape, generator=gen)
-    batch["advantages"] = torch.randn(shape, generator=gen)
+    batch = batch.with_(
+        old_logprob=-torch.rand(shape, generator=gen),
+        ref_logprob=-torch.rand(shape, generator=gen),
+        advantages=torch.randn(shape, generator=gen),
+    )
     logprob, entropy = forward_logprobs(native.model, batch, entropy="grad")
-    native_loss, native_metrics = native._actor_loss(logprob, entropy, dict(batch))
+    native_loss, native_metrics = native._actor_loss(logprob, entropy, batch)
 
     loss_fn = pickle.loads(pickle.dumps(ActorLoss.from_config(config)))
     td = left_right_2_no_padding(batch_to_dataproto(batch).to_tensordict())

@@ -384,9 +384,8 @@ def test_rollout_log_probs_only_when_every_experience_has_them():
 
 
 def test_advantages_and_model_outputs_get_verls_names():
-    batch = build_verl_batch(_experiences())
-    for key in ("old_logprob", "ref_logprob", "values", "advantages", "returns"):
-        batch[key] = torch.randn(3, 4)
+    keys = ("old_logprob", "ref_logprob", "values", "advantages", "returns")
+    batch = build_verl_batch(_experiences()).with_(**{key: torch.randn(3, 4) for key in keys})
     t = verl_tensors(batch)
     for ours, theirs in [
         ("old_logprob", "old_log_probs"),
@@ -411,8 +410,7 @@ def test_dpo_pairs_and_empty_prompts_are_refused_with_a_reason():
 
 
 def test_padding_rows_count_for_nothing():
-    batch = build_verl_batch(_experiences())
-    batch["advantages"] = torch.ones(3, 4)
+    batch = build_verl_batch(_experiences()).with_(advantages=torch.ones(3, 4))
     padded, n = pad_rows(batch, 4)
     assert n == 3 and padded["input_ids"].shape[0] == 4
     assert torch.equal(padded["input_ids"][3], batch["input_ids"][2])

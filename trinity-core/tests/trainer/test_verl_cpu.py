@@ -120,7 +120,6 @@ def _assert_same_weights(
 def grpo(local_ray, model_path, tmp_path_factory):
     """GRPO with the reference model on two gloo ranks: log-probs, two steps, a checkpoint, a
     third step; then a new worker group resumes from the checkpoint and runs the third step."""
-    from trinity.trainer.verl.dataproto import build_verl_batch, pad_rows
     from trinity.trainer.verl.trainer import VerlTrainer
 
     root = tmp_path_factory.mktemp("grpo")
@@ -136,15 +135,9 @@ def grpo(local_ray, model_path, tmp_path_factory):
     out.spawn_s = time.monotonic() - start
     try:
         out.device, out.world_size = trainer.device, trainer.world_size
-        batch = build_verl_batch(_experiences(0), trainer.pad_token_id)
-        padded, n = pad_rows(batch, trainer.world_size)
-        actor = trainer.workers["actor"]
-        out.old_logprob = trainer._infer(
-            padded, n, actor.compute_log_prob, "log_probs", calculate_entropy=False
-        )
-        out.ref_logprob = trainer._infer(
-            padded, n, trainer.workers["ref"].compute_ref_log_prob, "log_probs", calculate_entropy=False
-        )
+        batch, plan = trainer.prepare(_experiences(0))
+        out.old_logprob = trainer.policy_stats(batch, plan, ("old_logprob",))["old_logprob"]
+        out.ref_logprob = trainer.ref_logprobs(batch, plan)
         out.metrics = [trainer.train_step(_experiences(step)) for step in (1, 2)]
         out.exported = trainer.state_dict()
         out.checkpoint = trainer.save_checkpoint(extra_state={"reader": 7})
@@ -260,6 +253,59 @@ def test_ppo_checkpoint_has_critic_shards_and_loads_back(ppo):
     assert max((ppo.moved[k] - v).abs().max().item() for k, v in ppo.saved.items()) > 0
     assert ppo.loaded_step == 2
     _assert_same_weights(ppo.loaded, ppo.saved, rtol=0, atol=0)
+
+
+# -- the same step in both back-ends ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def both_backends(local_ray, model_path, tmp_path_factory):
+    """Two GRPO steps (reference model, KL loss, entropy bonus) on the same experiences, through
+    the native trainer and through veRL's workers (one rank, one micro-batch in both)."""
+    from trinity.trainer.native import NativeTrainer
+    from trinity.trainer.verl.trainer import VerlTrainer
+
+    root = tmp_path_factory.mktemp("both")
+    algorithm = {
+        "algorithm_type": "grpo",
+        "kl_loss_fn": "low_var_kl",
+        "kl_loss_fn_args": {"kl_coef": 0.1},
+        "entropy_loss_fn_args": {"entropy_coef": 0.01},
+    }
+    out = SimpleNamespace(metrics={}, weights={})
+    for kind in ("native", "verl"):
+        config = _config(
+            model_path, root / kind, algorithm, ranks=1, use_dynamic_bsz=False, trainer_type=kind
+        )
+        trainer = NativeTrainer(config) if kind == "native" else VerlTrainer(config)
+        try:
+            out.metrics[kind] = [trainer.train_step(_experiences(step)) for step in (1, 2)]
+            out.weights[kind] = trainer.state_dict()
+        finally:
+            if kind == "verl":
+                trainer.close()
+    return out
+
+
+def test_native_and_verl_take_the_same_step(both_backends):
+    """The whole step — reference and old log-probs, GRPO advantages, KL loss and entropy bonus,
+    the gradient and the optimizer step — gives the same numbers in both back-ends."""
+    native, verl = both_backends.metrics["native"], both_backends.metrics["verl"]
+    keys = (
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "actor/entropy",
+        "actor/grad_norm",
+        "critic/advantages/mean",
+        "critic/advantages/max",
+        "critic/score/mean",
+        "rollout/logprob_diff/mean",
+    )
+    for step in (0, 1):
+        for key in keys:
+            assert verl[step][key] == pytest.approx(native[step][key], rel=1e-4, abs=1e-6), (step, key)
+    assert native[0]["actor/grad_norm"] > 0 and native[1]["actor/kl_loss"] > 0
+    _assert_same_weights(both_backends.weights["verl"], both_backends.weights["native"], rtol=1e-4, atol=1e-5)
 
 
 # -- placement: every wait has a limit, and its error names what is missing ----------------------

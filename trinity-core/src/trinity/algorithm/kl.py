@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
 from trinity.algorithm.advantage import Batch
 from trinity.algorithm.component import Component
 from trinity.algorithm.masked import aggregate_loss, masked_mean
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch
@@ -66,26 +67,22 @@ class KLFn(Component):
         kl_loss = aggregate_loss(kl, action_mask, loss_agg_mode)
         return kl_loss * self.kl_coef, {"kl_loss": float(kl_loss.detach()), "kl_coef": self.kl_coef}
 
-    def apply_kl_penalty_to_reward(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Set ``token_level_rewards = token_level_scores - kl_coef * kl`` on valid tokens.
+    def apply_kl_penalty_to_reward(self, batch: Mapping[str, Any]) -> tuple[Batch, dict[str, float]]:
+        """A new ``dict`` of ``batch`` with ``token_level_rewards = token_level_scores - kl_coef
+        * kl`` on valid tokens (``batch`` itself is not changed).
 
         ``token_level_scores`` defaults to ``token_level_rewards`` if present, else to the
         scalar ``rewards`` placed on each row's last valid token. The mean KL per sequence
         drives the adaptive controller.
         """
         mask = batch["action_mask"].to(torch.float32)
-        scores = batch.get("token_level_scores")
-        if scores is None:
-            scores = batch.get("token_level_rewards")
-        if scores is None:
-            scores = rewards_to_token_level(batch["rewards"], mask)
-        batch["token_level_scores"] = scores
+        scores = _scores(batch, mask)
         kl = self.calculate_kl(batch["old_logprob"], batch["ref_logprob"]) * mask
-        batch["token_level_rewards"] = scores - self.kl_coef * kl
+        out = {**batch, "token_level_scores": scores, "token_level_rewards": scores - self.kl_coef * kl}
         current_kl = float(masked_mean(masked_mean(kl, mask, axis=-1), mask.any(dim=-1)))
         coef = self.kl_coef
         self.update_kl_coef(current_kl, n_steps=mask.shape[0])
-        return batch, {"kl": current_kl, "kl_coef": coef}
+        return out, {"kl": current_kl, "kl_coef": coef}
 
 
 class NoKLFn(KLFn):
@@ -112,20 +109,26 @@ class NoKLFn(KLFn):
         """A zero loss on ``logprob``'s device and no metrics."""
         return torch.zeros((), dtype=logprob.dtype, device=logprob.device), {}
 
-    def apply_kl_penalty_to_reward(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """``token_level_rewards = token_level_scores``: the rewards, unpenalised.
+    def apply_kl_penalty_to_reward(self, batch: Mapping[str, Any]) -> tuple[Batch, dict[str, float]]:
+        """A new ``dict`` of ``batch`` with ``token_level_rewards = token_level_scores``: the
+        rewards, unpenalised.
 
         Like the base class, scores default to ``token_level_rewards`` if present, else to the
         scalar ``rewards`` on each row's last valid token; no log-probs are needed.
         """
-        scores = batch.get("token_level_scores")
-        if scores is None:
-            scores = batch.get("token_level_rewards")
-        if scores is None:
-            scores = rewards_to_token_level(batch["rewards"], batch["action_mask"])
-        batch["token_level_scores"] = scores
-        batch["token_level_rewards"] = scores
-        return batch, {}
+        scores = _scores(batch, batch["action_mask"])
+        return {**batch, "token_level_scores": scores, "token_level_rewards": scores}, {}
+
+
+def _scores(batch: Mapping[str, Any], mask: torch.Tensor) -> torch.Tensor:
+    """``token_level_scores``, else ``token_level_rewards``, else the scalar rewards on each row's
+    last valid token of ``mask``: the rewards before any KL penalty."""
+    scores = batch.get("token_level_scores")
+    if scores is None:
+        scores = batch.get("token_level_rewards")
+    if scores is None:
+        scores = rewards_to_token_level(batch["rewards"], mask)
+    return scores
 
 
 def rewards_to_token_level(rewards: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Trainer back-ends and their building blocks.
 
 - :mod:`trinity.trainer.batch`: experiences → padded tensors, a :class:`~trinity.trainer.batch.TrainBatch`
-  (veRL layout, DPO pairs);
+  (typed fields, never changed in place; veRL layout, DPO pairs);
+- :mod:`trinity.trainer.step`: the one training step every back-end runs over its primitives;
 - :mod:`trinity.trainer.components`: the algorithm runtime both back-ends share
   (``AlgorithmComponents``: components built once, the ``none`` rules, one ``actor_loss``);
 - :mod:`trinity.trainer.backend`: ``TrainerBackend``, what the ``Trainer`` calls on a back-end;

@@ -10,7 +10,9 @@ DPO experiences (``chosen`` / ``rejected`` set) expand to two rows each, chosen 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 from trinity.experience import group_ids_of
 from trinity.lazy import lazy_import
@@ -23,13 +25,21 @@ else:
     torch = lazy_import("torch")
 
 
-class TrainBatch(TypedDict, total=False):
-    """The training batch both back-ends pass around (a ``dict`` at run time, so advantage
-    functions and micro-batching keep treating it as a mapping).
+@dataclass(frozen=True, eq=False)
+class TrainBatch(Mapping[str, Any]):
+    """The training batch both back-ends pass around: fixed, typed fields, never changed in place.
 
-    :func:`build_batch` sets the first group; the back-ends add the rest as the step goes
-    (reference and critic passes, then the KL penalty and the advantage). ``(B, T)`` tensors are
-    per response token, ``(B,)`` per row.
+    :func:`build_batch` fills the required fields; a step adds the others by making a new batch
+    (:meth:`with_`: reference and critic passes, old log-probs, then the KL penalty and the
+    advantage). ``(B, T)`` tensors are per response token, ``(B,)`` per row; an optional field is
+    ``None`` until a stage sets it.
+
+    It reads as a mapping of its set fields (``batch["advantages"]``, ``"values" in batch``,
+    ``batch.get(...)``), which is how the forward passes, the metrics and the veRL conversion read
+    it. Plugins (advantage and KL functions) receive :meth:`to_dict`, a plain ``dict`` they may
+    change (DESIGN §3: a mapping of tensors); :meth:`from_mapping` turns what they return back
+    into a batch. Keys a plugin adds beyond the fields are kept in :attr:`extra` (and reach the
+    policy loss like any field).
     """
 
     # -- from build_batch
@@ -41,28 +51,92 @@ class TrainBatch(TypedDict, total=False):
     rollout_logprobs: torch.Tensor  # (B, T) float: the explorer's log-probs, zeros where it gave none
     has_rollout_logprobs: bool  # every experience carried log-probs (else rollout_logprobs are not real)
     rewards: torch.Tensor  # (B,) float
-    token_level_rewards: (
-        torch.Tensor
-    )  # (B, T) float: only when every experience has them; after the KL penalty
     group_ids: torch.Tensor  # (B,) long: equal ids = rollouts of one task
     trajectory_ids: torch.Tensor  # (B,) long: equal ids = the steps (turns) of one episode
     step_ids: torch.Tensor  # (B,) long: the turn index within the episode (eid.step)
-    teacher_logprobs: torch.Tensor  # (B, T) float: only when every experience has them
     expert_mask: torch.Tensor  # (B,) bool: info["is_expert"]
     model_versions: torch.Tensor  # (B,) long
     info: list[dict[str, Any]]  # one dict per row
     prompt_length: int  # P
     response_length: int  # T
-    # -- added by the back-ends during a step
-    ref_logprob: torch.Tensor  # (B, T) reference model
-    values: torch.Tensor  # (B, T) critic
-    old_logprob: torch.Tensor  # (B, T) recomputed, or the rollout's with trainer.use_rollout_logprobs
-    old_entropy: torch.Tensor  # (B, T) the policy's entropy before the update (when an advantage needs it)
-    token_level_scores: torch.Tensor  # (B, T) rewards before the KL penalty
-    advantages: torch.Tensor  # (B, T)
-    returns: torch.Tensor  # (B, T)
+    # (B, T) float: only when every experience has them; after the KL penalty, the penalised rewards
+    token_level_rewards: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None  # (B, T) float: only when every experience has them
+    # -- added by the step
+    ref_logprob: torch.Tensor | None = None  # (B, T) reference model
+    values: torch.Tensor | None = None  # (B, T) critic
+    old_logprob: torch.Tensor | None = None  # (B, T) recomputed, or the rollout's (use_rollout_logprobs)
+    old_entropy: torch.Tensor | None = None  # (B, T) the policy's entropy before the update
+    old_nec: torch.Tensor | None = None  # (B, T) E[p (H + log p)] before the update (Clip-V)
+    token_level_scores: torch.Tensor | None = None  # (B, T) rewards before the KL penalty
+    advantages: torch.Tensor | None = None  # (B, T)
+    returns: torch.Tensor | None = None  # (B, T)
     # -- veRL back-end only (build_verl_batch)
-    uids: list[str]  # the task id of each row
+    uids: list[str] | None = None  # the task id of each row
+    #: Keys an advantage or KL function set that are not fields above, by name.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- mapping access (the set fields, then ``extra``) ----------------------------------------
+
+    def __getitem__(self, key: str) -> Any:
+        if key in _FIELDS:
+            value = getattr(self, key)
+            if value is not None:
+                return value
+        elif key in self.extra:
+            return self.extra[key]
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from (name for name in _FIELDS if getattr(self, name) is not None)
+        yield from self.extra
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    # Identity, not Mapping's key-by-key comparison (tensors have no single truth value).
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"TrainBatch(rows={self.num_rows}, P={self.prompt_length}, T={self.response_length}, keys={list(self)})"
+
+    @property
+    def num_rows(self) -> int:
+        """``B``, the number of rows."""
+        return int(self.input_ids.shape[0])
+
+    # -- new batches from this one --------------------------------------------------------------
+
+    def with_(self, **changes: Any) -> TrainBatch:
+        """A new batch with ``changes`` (field names; ``None`` unsets an optional field)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A new plain ``dict`` of the set fields and :attr:`extra` (what plugins receive)."""
+        return dict(self)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> TrainBatch:
+        """A batch from a mapping with the field names (e.g. what an advantage function
+        returned); keys that are not fields go to :attr:`extra`. Raises ``ValueError`` naming
+        the required fields it lacks."""
+        if isinstance(data, TrainBatch):
+            return data
+        missing = [name for name in _REQUIRED if name not in data]
+        if missing:
+            raise ValueError(
+                f"a training batch needs {', '.join(map(repr, missing))}, which the mapping lacks"
+            )
+        known = {k: v for k, v in data.items() if k in _FIELDS}
+        extra = {k: v for k, v in data.items() if k not in _FIELDS and k != "extra"}
+        return cls(**known, extra=extra)
+
+
+_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TrainBatch) if f.name != "extra")
+_REQUIRED: tuple[str, ...] = tuple(
+    f.name for f in fields(TrainBatch) if f.default is MISSING and f.default_factory is MISSING
+)
 
 
 def _rows(experiences: list[Experience]) -> list[tuple[Experience, torch.Tensor, torch.Tensor]]:
@@ -90,7 +164,7 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> TrainBatch:
     """Padded tensors for ``experiences`` (see the module docstring for the layout).
 
-    Returns a dict with ``input_ids (B, P+T)``, ``attention_mask``, ``position_ids``,
+    Returns a :class:`TrainBatch` with ``input_ids (B, P+T)``, ``attention_mask``, ``position_ids``,
     ``response_mask (B, T)`` (real response tokens), ``action_mask (B, T)`` (the experience's
     ``action_mask`` or the response mask), ``rollout_logprobs (B, T)`` (zeros where the explorer
     gave none), ``has_rollout_logprobs`` (whether every experience gave them), ``rewards (B,)``, ``token_level_rewards (B, T)`` (only when every experience has
@@ -144,29 +218,26 @@ def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> TrainBa
         group_ids = group_ids.repeat_interleave(2)
         trajectory_ids = trajectory_ids.repeat_interleave(2)
         step_ids = step_ids.repeat_interleave(2)
-    batch: TrainBatch = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": position_ids_from_mask(attention_mask),
-        "response_mask": response_mask,
-        "action_mask": action_mask,
-        "rollout_logprobs": rollout_logprobs,
-        "has_rollout_logprobs": not is_dpo and all(e.logprobs is not None for e, _, _ in rows),
-        "rewards": torch.tensor([float(e.reward or 0.0) for e in row_exps], dtype=torch.float32),
-        "group_ids": group_ids,
-        "trajectory_ids": trajectory_ids,
-        "step_ids": step_ids,
-        "expert_mask": torch.tensor([bool(e.info.get("is_expert", False)) for e in row_exps]),
-        "model_versions": torch.tensor([int(e.model_version) for e in row_exps], dtype=torch.long),
-        "info": [dict(e.info) for e in row_exps],
-        "prompt_length": prompt_len,
-        "response_length": response_len,
-    }
-    if token_level_rewards is not None:
-        batch["token_level_rewards"] = token_level_rewards
-    if teacher_logprobs is not None:
-        batch["teacher_logprobs"] = teacher_logprobs
-    return batch
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        response_mask=response_mask,
+        action_mask=action_mask,
+        rollout_logprobs=rollout_logprobs,
+        has_rollout_logprobs=not is_dpo and all(e.logprobs is not None for e, _, _ in rows),
+        rewards=torch.tensor([float(e.reward or 0.0) for e in row_exps], dtype=torch.float32),
+        group_ids=group_ids,
+        trajectory_ids=trajectory_ids,
+        step_ids=step_ids,
+        expert_mask=torch.tensor([bool(e.info.get("is_expert", False)) for e in row_exps]),
+        model_versions=torch.tensor([int(e.model_version) for e in row_exps], dtype=torch.long),
+        info=[dict(e.info) for e in row_exps],
+        prompt_length=prompt_len,
+        response_length=response_len,
+        token_level_rewards=token_level_rewards,
+        teacher_logprobs=teacher_logprobs,
+    )
 
 
 def _ids(keys: list[Any]) -> torch.Tensor:
@@ -175,24 +246,44 @@ def _ids(keys: list[Any]) -> torch.Tensor:
     return torch.tensor([ids.setdefault(k, len(ids)) for k in keys], dtype=torch.long)
 
 
-def select_rows(batch: TrainBatch, index: torch.Tensor | list[int]) -> TrainBatch:
-    """The rows ``index`` of ``batch`` (tensors with a batch dimension, and ``info``)."""
-    index = torch.as_tensor(index, dtype=torch.long)
-    n = len(batch["info"])
-    out: dict[str, Any] = {}
-    for key, value in batch.items():
+def map_rows(
+    batch: TrainBatch,
+    tensor_fn: Callable[[str, torch.Tensor], torch.Tensor],
+    list_fn: Callable[[list[Any]], list[Any]],
+) -> TrainBatch:
+    """A new batch with every per-row value replaced: tensors whose first dimension is the row
+    count through ``tensor_fn(name, tensor)``, per-row lists (``info``, ``uids``, a plugin's) through
+    ``list_fn``; other values (``prompt_length``, flags) unchanged."""
+    n = batch.num_rows
+
+    def one(key: str, value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
-            out[key] = value[index.to(value.device)]
-        elif key == "info":
-            out[key] = [value[i] for i in index.tolist()]
-        else:
-            out[key] = value
-    return out  # type: ignore[return-value]  # the same keys as ``batch``
+            return tensor_fn(key, value)
+        if isinstance(value, list) and len(value) == n:
+            return list_fn(value)
+        return value
+
+    changes = {key: one(key, getattr(batch, key)) for key in _FIELDS if getattr(batch, key) is not None}
+    extra = {key: one(key, value) for key, value in batch.extra.items()}
+    return batch.with_(**changes, extra=extra)
+
+
+def select_rows(batch: TrainBatch, index: torch.Tensor | list[int]) -> TrainBatch:
+    """The rows ``index`` of ``batch`` (tensors with a batch dimension, and per-row lists)."""
+    index = torch.as_tensor(index, dtype=torch.long)
+    picked = index.tolist()
+    return map_rows(batch, lambda _, v: v[index.to(v.device)], lambda v: [v[i] for i in picked])
 
 
 def to_device(batch: TrainBatch, device: torch.device | str) -> TrainBatch:
     """``batch`` with every tensor moved to ``device`` (other values unchanged)."""
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}  # type: ignore[return-value]
+    changes = {
+        key: getattr(batch, key).to(device)
+        for key in _FIELDS
+        if isinstance(getattr(batch, key), torch.Tensor)
+    }
+    extra = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.extra.items()}
+    return batch.with_(**changes, extra=extra)
 
 
-__all__ = ["TrainBatch", "build_batch", "position_ids_from_mask", "select_rows", "to_device"]
+__all__ = ["TrainBatch", "build_batch", "map_rows", "position_ids_from_mask", "select_rows", "to_device"]

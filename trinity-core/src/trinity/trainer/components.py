@@ -13,9 +13,10 @@ else:
 - a component that needs ``ref_logprob`` while the algorithm type has no reference model is an
   error naming both.
 
-The native trainer calls :meth:`~AlgorithmComponents.shape_rewards_and_advantages` and
-:meth:`~AlgorithmComponents.actor_loss` in-process. The veRL back-end calls the first on the
-driver and the second inside its workers, through
+The one training step (:mod:`trinity.trainer.step`) calls
+:meth:`~AlgorithmComponents.shape_rewards_and_advantages` in-process for every back-end. The native
+trainer's update calls :meth:`~AlgorithmComponents.actor_loss` in-process; the veRL back-end calls
+it inside its workers, through
 :class:`~trinity.trainer.verl.loss.ActorLoss`, which travels as :func:`algorithm_spec` (names and
 arguments only) and rebuilds the same components there with :meth:`AlgorithmComponents.from_spec`.
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
     from trinity.algorithm import AdvantageFn, AlgorithmType, EntropyLossFn, KLFn, PolicyLossFn
     from trinity.config.sections.algorithm import AlgorithmConfig
+    from trinity.trainer.batch import TrainBatch
 
 # The keys the actor loss is made of (what ActorLoss carries to veRL's workers).
 LOSS_KEYS = ("policy_loss_fn", "kl_loss_fn", "entropy_loss_fn")
@@ -249,14 +251,13 @@ class AlgorithmComponents:
 
     # -- one step -------------------------------------------------------------------------------
 
-    def rollout_old_logprob(self, batch: dict[str, Any]) -> bool:
-        """With ``trainer.use_rollout_logprobs``: set ``batch["old_logprob"]`` to the rollout's
-        log-probs and return ``True``. Where some experience carries none (the batch's
-        ``has_rollout_logprobs`` is false) that is an error if a component needs ``old_logprob``,
-        else nothing is set and ``False`` returned (the back-end recomputes it as usual)."""
-        if batch.get("has_rollout_logprobs", False):
-            batch["old_logprob"] = batch["rollout_logprobs"]
-            return True
+    def rollout_old_logprob(self, batch: TrainBatch) -> torch.Tensor | None:
+        """With ``trainer.use_rollout_logprobs``: the rollout's log-probs, to serve as
+        ``old_logprob``. Where some experience carries none (the batch's ``has_rollout_logprobs``
+        is false) that is an error if a component needs ``old_logprob``, else ``None`` (the
+        back-end recomputes it as usual)."""
+        if batch.has_rollout_logprobs:
+            return batch.rollout_logprobs
         users = self._old_logprob_users()
         if users:
             raise MissingInputError(
@@ -264,25 +265,32 @@ class AlgorithmComponents:
                 "experiences carry no log-probs (rollout_logprobs); have the explorer return them, "
                 "or unset trainer.use_rollout_logprobs"
             )
-        return False
+        return None
 
-    def shape_rewards_and_advantages(self, batch: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+    def shape_rewards_and_advantages(self, batch: TrainBatch) -> tuple[TrainBatch, dict[str, float]]:
         """Apply the KL reward penalty (if any), then the advantage function (if the algorithm
-        uses one), as every back-end does before its updates; returns the batch and metrics."""
+        uses one), as every back-end does before its updates; returns a new batch and metrics.
+
+        The components receive the batch as a plain ``dict`` of its fields (their contract:
+        a mapping they may change and return); ``batch`` itself is left as it was.
+        """
+        from trinity.trainer.batch import TrainBatch
+
         metrics: dict[str, float] = {}
+        data: Mapping[str, Any] = batch
         if self.uses_kl_penalty:
             for name in ("old_logprob", "ref_logprob"):
-                self._require(batch, name, "kl_penalty_fn")
-            batch, kl_metrics = self.kl_penalty_fn.apply_kl_penalty_to_reward(batch)
+                self._require(data, name, "kl_penalty_fn")
+            data, kl_metrics = self.kl_penalty_fn.apply_kl_penalty_to_reward(dict(data))
             metrics["actor/reward_kl_penalty"] = kl_metrics.get("kl", 0.0)
             metrics["actor/reward_kl_penalty_coeff"] = kl_metrics.get("kl_coef", 0.0)
         use_advantage = self.algorithm_type.use_advantage if self.algorithm_type is not None else True
         if use_advantage and self.advantage_fn is not None:
             for name in self.advantage_inputs:
-                self._require(batch, name, "advantage_fn")
-            batch, adv_metrics = self.advantage_fn(batch)
+                self._require(data, name, "advantage_fn")
+            data, adv_metrics = self.advantage_fn(dict(data))
             metrics.update({f"advantage/{k}": v for k, v in adv_metrics.items()})
-        return batch, metrics
+        return TrainBatch.from_mapping(data), metrics
 
     def _require(self, tensors: Mapping[str, Any], name: str, key: str) -> None:
         if tensors.get(name) is None:

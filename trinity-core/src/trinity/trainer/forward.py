@@ -7,9 +7,10 @@ last one, so the language-model head runs on ``T + 1`` positions only (``logits_
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
+from trinity.lazy import lazy_import
 from trinity.trainer.shared_prompt import full_logits, shared_prompt_logits
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ else:
 
 
 def response_logits(
-    model: Any, batch: dict[str, Any], temperature: float = 1.0, *, share_prompt: bool = False
+    model: Any, batch: Mapping[str, Any], temperature: float = 1.0, *, share_prompt: bool = False
 ) -> torch.Tensor:
     """Logits ``(B, T, V)`` (float32) predicting each response token.
 
@@ -62,7 +63,7 @@ def nec_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 def policy_stats(
     model: Any,
-    batch: dict[str, Any],
+    batch: Mapping[str, Any],
     names: tuple[str, ...],
     *,
     temperature: float = 1.0,
@@ -85,7 +86,7 @@ def policy_stats(
 
 def forward_logprobs(
     model: Any,
-    batch: dict[str, Any],
+    batch: Mapping[str, Any],
     *,
     temperature: float = 1.0,
     entropy: str = "none",
@@ -110,7 +111,7 @@ def forward_logprobs(
     return logprob, ent
 
 
-def forward_values(critic: Any, batch: dict[str, Any]) -> torch.Tensor:
+def forward_values(critic: Any, batch: Mapping[str, Any]) -> torch.Tensor:
     """Critic values ``(B, T)``: the value of the state *before* each response token (veRL)."""
     width = batch["response_mask"].shape[-1]
     out = critic(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
 from trinity.algorithm import masked_mean
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +38,10 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
 
 
 def step_summary(
-    batch: dict[str, Any], timing: dict[str, float], global_step: int, max_response_length: int | None = None
+    batch: Mapping[str, Any],
+    timing: dict[str, float],
+    global_step: int,
+    max_response_length: int | None = None,
 ) -> dict[str, float]:
     """Metrics every back-end reports at the end of a step: data statistics, the step's timings,
     token throughput (``timing["timing/step"]`` must be set) and the global step."""
@@ -54,7 +58,7 @@ def step_summary(
     return out
 
 
-def data_metrics(batch: dict[str, Any], max_response_length: int | None = None) -> dict[str, float]:
+def data_metrics(batch: Mapping[str, Any], max_response_length: int | None = None) -> dict[str, float]:
     """``critic/score``, ``critic/rewards``, ``critic/advantages``, ``critic/returns``,
     ``critic/values`` (mean/max/min), ``response_length/*`` and ``prompt_length/*``."""
     mask = batch["action_mask"]
@@ -79,7 +83,7 @@ def data_metrics(batch: dict[str, Any], max_response_length: int | None = None) 
     return out
 
 
-def logprob_agreement(batch: dict[str, Any]) -> dict[str, float]:
+def logprob_agreement(batch: Mapping[str, Any]) -> dict[str, float]:
     """How far the trainer's log-probs of the sampled tokens are from the rollout engine's.
 
     ``batch["old_logprob"]`` must be the trainer's own forward of the weights the rollouts were

@@ -11,10 +11,11 @@ gradient equals the one-batch gradient exactly, whatever the split.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
-from trinity.trainer.batch import select_rows
+from trinity.lazy import lazy_import
+from trinity.trainer.batch import TrainBatch, select_rows
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +88,7 @@ def micro_batch_weights(mask: torch.Tensor, groups: list[list[int]], loss_agg_mo
     ]
 
 
-def trim_prompt_padding(batch: dict[str, Any]) -> dict[str, Any]:
+def trim_prompt_padding(batch: TrainBatch) -> TrainBatch:
     """Drop the leading columns that are padding in every row of ``batch``.
 
     Prompts are left-padded to the batch's longest prompt; a micro-batch of shorter prompts
@@ -100,15 +101,16 @@ def trim_prompt_padding(batch: dict[str, Any]) -> dict[str, Any]:
     first = min(first, batch["prompt_length"])
     if first == 0:
         return batch
-    out = dict(batch)
-    for key in ("input_ids", "attention_mask", "position_ids"):
-        out[key] = batch[key][:, first:]
-    out["prompt_length"] = batch["prompt_length"] - first
-    return out
+    return batch.with_(
+        input_ids=batch.input_ids[:, first:],
+        attention_mask=batch.attention_mask[:, first:],
+        position_ids=batch.position_ids[:, first:],
+        prompt_length=batch.prompt_length - first,
+    )
 
 
 def make_micro_batches(
-    batch: dict[str, Any],
+    batch: Mapping[str, Any],
     *,
     micro_batch_size: int | None = None,
     max_token_len: int | None = None,
@@ -123,7 +125,7 @@ def make_micro_batches(
     return split_by_rows(n, micro_batch_size, pair_rows)
 
 
-def micro_batch(batch: dict[str, Any], rows: list[int]) -> dict[str, Any]:
+def micro_batch(batch: TrainBatch, rows: list[int]) -> TrainBatch:
     """The rows of ``batch`` as a micro-batch, without the prompt padding they do not need."""
     return trim_prompt_padding(select_rows(batch, rows))
 

@@ -1,29 +1,26 @@
 """The native trainer (``trainer.trainer_type: native``): plain PyTorch on CPU or one GPU.
 
-One :meth:`NativeTrainer.train_step` does what veRL's PPO trainer does per step, with the
-algorithm's components built once by :class:`~trinity.trainer.components.AlgorithmComponents`
-(the runtime the veRL back-end shares):
+It provides the primitives of the one training step every back-end shares
+(:mod:`trinity.trainer.step`), with the algorithm's components built once by
+:class:`~trinity.trainer.components.AlgorithmComponents`:
 
-1. build padded tensors from the experiences (:mod:`trinity.trainer.batch`);
-2. reference log-probs (frozen reference model) and critic values, without gradients;
-3. KL penalty on the rewards (``kl_penalty_fn``), then the advantage (``advantage_fn``, when the
-   algorithm type ``use_advantage``);
-4. critic update (``use_critic``), then ``ppo_epochs`` actor updates, each one optimizer step
-   accumulated over micro-batches: ``loss = policy_loss + kl_loss - entropy_loss``
-   (:meth:`~trinity.trainer.components.AlgorithmComponents.actor_loss`).
-
-``old_logprob`` is the rollout's own log-probs with ``trainer.use_rollout_logprobs`` (an error
-when some experience carries none and a component needs it). Otherwise
-it is recomputed: in a separate pass when the KL penalty needs it before the advantage, else
-taken (detached) from the first epoch's forward pass, which runs on the same, not yet updated
-weights and so gives the same numbers without a second forward pass.
+- :meth:`~NativeTrainer.prepare`: padded tensors from the experiences (:mod:`trinity.trainer.batch`)
+  on the trainer's device, and the micro-batches (row groups) every pass of the step uses;
+- :meth:`~NativeTrainer.ref_logprobs`, :meth:`~NativeTrainer.values`,
+  :meth:`~NativeTrainer.policy_stats`: no-grad passes of the frozen reference model, the critic
+  and the policy, one micro-batch at a time;
+- :meth:`~NativeTrainer.update_critic`, then :meth:`~NativeTrainer.update_actor`: ``ppo_epochs``
+  optimizer steps, each accumulated over micro-batches, the actor's with
+  ``loss = policy_loss + kl_loss - entropy_loss``
+  (:meth:`~trinity.trainer.components.AlgorithmComponents.actor_loss`). When the batch has no
+  ``old_logprob`` yet, the first epoch's forward pass gives it (detached): it runs on the same, not
+  yet updated weights, so it gives the same numbers without a second forward pass.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from trinity.lazy import lazy_import
@@ -31,10 +28,12 @@ from trinity.trainer import checkpoint as ckpt
 from trinity.trainer.batch import TrainBatch, build_batch, to_device
 from trinity.trainer.components import AlgorithmComponents
 from trinity.trainer.critic import load_critic, value_loss
-from trinity.trainer.forward import forward_logprobs, forward_values, policy_stats
-from trinity.trainer.metrics import MetricAccumulator, logprob_agreement, step_summary
+from trinity.trainer.forward import forward_logprobs, forward_values
+from trinity.trainer.forward import policy_stats as forward_policy_stats
+from trinity.trainer.metrics import MetricAccumulator
 from trinity.trainer.micro_batch import make_micro_batches, micro_batch, micro_batch_weights
 from trinity.trainer.schedule import build_scheduler
+from trinity.trainer.step import POLICY_STATS, train_step
 
 if TYPE_CHECKING:
     import torch
@@ -102,7 +101,8 @@ class NativeTrainer:
             )
             self.ref_model.to(self.device).eval().requires_grad_(False)
         self.critic = self.critic_optimizer = self.critic_scheduler = None
-        if self.algorithm_type.use_critic:
+        self.use_critic = bool(self.algorithm_type.use_critic)
+        if self.use_critic:
             self.critic = load_critic(config.model.critic_model_path or model_path, trust_remote_code=trust)
             self.critic.to(self.device).train()
             self.critic_optimizer = self._optimizer(self.critic)
@@ -136,133 +136,107 @@ class NativeTrainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
-    def _micro_batches(self, batch: TrainBatch) -> list[list[int]]:
+    # -- the step's primitives (trinity.trainer.step runs them) ----------------------------------
+
+    #: All three: the forward pass gives the whole distribution.
+    policy_stats_names = POLICY_STATS
+    #: The first epoch's forward pass runs on the not yet updated weights: old_logprob for free.
+    old_logprob_from_update = True
+
+    def train_step(self, experiences: list[Experience]) -> dict[str, float]:
+        """Train on one batch of experiences (:func:`trinity.trainer.step.train_step`); returns
+        metrics with Trinity-RFT names."""
+        return train_step(self, experiences)
+
+    def prepare(self, experiences: list[Experience]) -> tuple[TrainBatch, list[list[int]]]:
+        """The batch on this trainer's device and its micro-batches (row groups), fixed for the step."""
+        batch = to_device(build_batch(experiences, self.pad_token_id), self.device)
         t = self.config.trainer
-        return make_micro_batches(
+        groups = make_micro_batches(
             batch,
             micro_batch_size=t.ppo_micro_batch_size_per_gpu,
             max_token_len=t.max_token_len_per_gpu,
             use_dynamic_bsz=t.use_dynamic_bsz,
             pair_rows=self.pairs,
         )
+        return batch, groups
 
-    @torch.no_grad()
-    def _infer(
-        self, model: Any, batch: TrainBatch, groups: list[list[int]], values: bool = False
-    ) -> torch.Tensor:
-        out = torch.zeros_like(batch["action_mask"], dtype=torch.float32)
-        temperature = self.config.model.temperature
-        for rows in groups:
-            mb = micro_batch(batch, rows)
-            with self._autocast():
-                if values:
-                    result = forward_values(model, mb)
-                else:
-                    result, _ = forward_logprobs(
-                        model, mb, temperature=temperature, share_prompt=self.share_prompt
-                    )
-            out[torch.as_tensor(rows, device=out.device)] = result.float()
-        return out
+    def ref_logprobs(self, batch: TrainBatch, groups: list[list[int]]) -> torch.Tensor:
+        """The reference model's log-probs ``(B, T)``."""
+        return self._infer(batch, groups, lambda mb: self._logprobs(self.ref_model, mb))
 
-    @torch.no_grad()
-    def _infer_policy(
+    def values(self, batch: TrainBatch, groups: list[list[int]]) -> torch.Tensor:
+        """The critic's values ``(B, T)`` (in eval mode)."""
+        self.critic.eval()
+        try:
+            return self._infer(batch, groups, lambda mb: forward_values(self.critic, mb))
+        finally:
+            self.critic.train()
+
+    def policy_stats(
         self, batch: TrainBatch, groups: list[list[int]], names: tuple[str, ...]
     ) -> dict[str, torch.Tensor]:
         """The policy's ``old_logprob`` / ``old_entropy`` / ``old_nec`` (those in ``names``)
-        before the update, each ``(B, T)`` float, from one forward pass per micro-batch."""
-        out = {n: torch.zeros_like(batch["action_mask"], dtype=torch.float32) for n in names}
-        for rows in groups:
-            mb = micro_batch(batch, rows)
-            with self._autocast():
-                stats = policy_stats(
-                    self.model,
-                    mb,
-                    names,
-                    temperature=self.config.model.temperature,
-                    share_prompt=self.share_prompt,
-                )
-            index = torch.as_tensor(rows, device=batch["action_mask"].device)
-            for name, value in stats.items():
-                out[name][index] = value.float()
-        return out
-
-    # -- one training step ----------------------------------------------------------------------
-
-    def train_step(self, experiences: list[Experience]) -> dict[str, float]:
-        """Train on one batch of experiences; returns metrics with Trinity-RFT names."""
-        start = time.perf_counter()
-        timing: dict[str, float] = {}
-        metrics: dict[str, float] = {}
-        batch = to_device(build_batch(experiences, self.pad_token_id), self.device)
-        groups = self._micro_batches(batch)
+        before the update, each ``(B, T)`` float, from one forward pass per micro-batch (in eval
+        mode)."""
+        temperature, share = self.config.model.temperature, self.share_prompt
+        out = {n: torch.zeros_like(batch.action_mask, dtype=torch.float32) for n in names}
         was_training = self.model.training
         self.model.eval()
-        if self.ref_model is not None:
-            tick = time.perf_counter()
-            batch["ref_logprob"] = self._infer(self.ref_model, batch, groups)
-            timing["timing/ref"] = time.perf_counter() - tick
-        if self.critic is not None:
-            tick = time.perf_counter()
-            self.critic.eval()
-            batch["values"] = self._infer(self.critic, batch, groups, values=True)
-            self.critic.train()
-            timing["timing/values"] = time.perf_counter() - tick
-        comps = self.components
-        from_rollout = self.config.trainer.use_rollout_logprobs and comps.rollout_old_logprob(batch)
-        wanted = set(comps.pre_update_inputs)
-        if from_rollout:
-            wanted.discard("old_logprob")
-        elif comps.uses_kl_penalty:
-            wanted.add("old_logprob")
-        if wanted:
-            # Before the advantage: the KL penalty, or an advantage that reads the policy's own
-            # log-probs / entropy (on-policy distillation, Clip-B/V), needs them now; otherwise
-            # the first epoch of the update provides old_logprob for free.
-            tick = time.perf_counter()
-            batch.update(self._infer_policy(batch, groups, tuple(sorted(wanted))))
-            timing["timing/old_log_prob"] = time.perf_counter() - tick
-        self.model.train(was_training)
+        try:
+            for rows in groups:
+                mb = micro_batch(batch, rows)
+                with torch.no_grad(), self._autocast():
+                    stats = forward_policy_stats(
+                        self.model, mb, names, temperature=temperature, share_prompt=share
+                    )
+                index = torch.as_tensor(rows, device=batch.action_mask.device)
+                for name, value in stats.items():
+                    out[name][index] = value.float()
+        finally:
+            self.model.train(was_training)
+        return out
 
-        tick = time.perf_counter()
-        batch, shaping_metrics = comps.shape_rewards_and_advantages(batch)
-        metrics.update(shaping_metrics)
-        timing["timing/adv"] = time.perf_counter() - tick
+    def _logprobs(self, model: Any, mb: TrainBatch) -> torch.Tensor:
+        result, _ = forward_logprobs(
+            model, mb, temperature=self.config.model.temperature, share_prompt=self.share_prompt
+        )
+        return result
 
-        if self.critic is not None:
-            tick = time.perf_counter()
-            metrics.update(self._update_critic(batch, groups))
-            timing["timing/update_critic"] = time.perf_counter() - tick
-        if self.global_step >= self.config.trainer.critic_warmup:
-            tick = time.perf_counter()
-            metrics.update(self._update_actor(batch, groups))
-            timing["timing/update_actor"] = time.perf_counter() - tick
-        if not from_rollout:
-            # old_logprob is this trainer's forward of the weights the rollouts were sampled with.
-            metrics.update(logprob_agreement(batch))
-        self.global_step += 1
-
-        timing["timing/step"] = time.perf_counter() - start
-        metrics.update(step_summary(batch, timing, self.global_step, self.config.model.max_response_tokens))
-        return metrics
+    @torch.no_grad()
+    def _infer(self, batch: TrainBatch, groups: list[list[int]], forward: Any) -> torch.Tensor:
+        """``forward(micro_batch)`` over the micro-batches, as one ``(B, T)`` float tensor."""
+        out = torch.zeros_like(batch.action_mask, dtype=torch.float32)
+        for rows in groups:
+            with self._autocast():
+                result = forward(micro_batch(batch, rows))
+            out[torch.as_tensor(rows, device=out.device)] = result.float()
+        return out
 
     def _loss_weights(self, batch: TrainBatch, groups: list[list[int]]) -> list[float]:
         mode = "rows" if self.pairs else getattr(self.policy_loss_fn, "loss_agg_mode", self.loss_agg_mode)
-        return micro_batch_weights(batch["action_mask"], groups, mode)
+        return micro_batch_weights(batch.action_mask, groups, mode)
 
-    def _update_actor(self, batch: TrainBatch, groups: list[list[int]]) -> dict[str, float]:
+    def update_actor(
+        self, batch: TrainBatch, groups: list[list[int]]
+    ) -> tuple[dict[str, float], torch.Tensor | None]:
+        """``ppo_epochs`` optimizer steps, each accumulated over the micro-batches; metrics, and
+        ``old_logprob`` from the first epoch's forward pass when ``batch`` has none."""
         acc = MetricAccumulator()
         weights = self._loss_weights(batch, groups)
         temperature = self.config.model.temperature
         entropy_mode = "grad" if self.components.uses_entropy_bonus else "detached"
-        fill_old = "old_logprob" not in batch
-        if fill_old:
-            batch["old_logprob"] = torch.zeros_like(batch["action_mask"])
+        # Filled row by row during the first epoch; the later epochs read it from `source`.
+        old = torch.zeros_like(batch.action_mask) if batch.old_logprob is None else None
+        source = batch
         params = [p for p in self.model.parameters() if p.requires_grad]
         lr = self.optimizer.param_groups[0]["lr"]
         for epoch in range(self.config.trainer.ppo_epochs):
+            if old is not None and epoch == 1:
+                source = batch.with_(old_logprob=old)
             self.optimizer.zero_grad(set_to_none=True)
             for rows, weight in zip(groups, weights):
-                mb = micro_batch(batch, rows)
+                mb = micro_batch(source, rows)
                 with self._autocast():
                     logprob, entropy = forward_logprobs(
                         self.model,
@@ -271,9 +245,9 @@ class NativeTrainer:
                         entropy=entropy_mode,
                         share_prompt=self.share_prompt,
                     )
-                if fill_old and epoch == 0:
-                    mb["old_logprob"] = logprob.detach()
-                    batch["old_logprob"][torch.as_tensor(rows, device=self.device)] = logprob.detach()
+                if old is not None and epoch == 0:
+                    mb = mb.with_(old_logprob=logprob.detach())
+                    old[torch.as_tensor(rows, device=self.device)] = logprob.detach()
                 loss, step_metrics = self._actor_loss(logprob, entropy, mb)
                 (loss * weight).backward()
                 acc.add(step_metrics, weight)
@@ -290,10 +264,10 @@ class NativeTrainer:
         self.scheduler.step()
         out = acc.result()
         out["actor/lr"] = lr
-        return out
+        return out, old
 
     def _actor_loss(
-        self, logprob: torch.Tensor, entropy: torch.Tensor, mb: dict[str, Any]
+        self, logprob: torch.Tensor, entropy: torch.Tensor, mb: TrainBatch
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The shared :meth:`AlgorithmComponents.actor_loss` on one micro-batch, metrics under
         ``actor/``: every tensor of the micro-batch but ``input_ids`` reaches the loss, and ``info``."""
@@ -304,7 +278,8 @@ class NativeTrainer:
         )
         return loss, {f"actor/{k}": v for k, v in metrics.items()}
 
-    def _update_critic(self, batch: TrainBatch, groups: list[list[int]]) -> dict[str, float]:
+    def update_critic(self, batch: TrainBatch, groups: list[list[int]]) -> dict[str, float]:
+        """``ppo_epochs`` critic optimizer steps with the value loss; metrics under ``critic/``."""
         acc = MetricAccumulator()
         weights = micro_batch_weights(batch["action_mask"], groups, self.loss_agg_mode)
         params = [p for p in self.critic.parameters() if p.requires_grad]

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +44,7 @@ TOLERANCE = {"float32": 1e-3, "half": 0.05}
 _verdicts: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
-def prompt_index(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+def prompt_index(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(first, inverse)`` when rows share prompts: ``first`` (U,) is one row per distinct
     prompt, ``inverse`` (B,) the distinct prompt of each row. ``None`` when there are fewer than
     two rows per distinct prompt on average, or the batch's layout is not the plain one (2-D
@@ -70,7 +71,7 @@ def prompt_index(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | N
     return first[order], rank[inverse]
 
 
-def full_logits(model: Any, batch: dict[str, Any]) -> torch.Tensor:
+def full_logits(model: Any, batch: Mapping[str, Any]) -> torch.Tensor:
     """Logits ``(B, T, V)`` predicting each response token, from one pass over whole rows."""
     width = batch["response_mask"].shape[-1]
     out = model(
@@ -83,7 +84,7 @@ def full_logits(model: Any, batch: dict[str, Any]) -> torch.Tensor:
     return out.logits[:, :-1, :]
 
 
-def _shared(model: Any, batch: dict[str, Any], first: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+def _shared(model: Any, batch: Mapping[str, Any], first: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
     p = int(batch["prompt_length"])
     width = batch["response_mask"].shape[-1]
     ids, mask, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
@@ -115,7 +116,7 @@ def _checkpointing(model: Any) -> bool:
     return False
 
 
-def _mean_gap(a: torch.Tensor, b: torch.Tensor, batch: dict[str, Any]) -> float:
+def _mean_gap(a: torch.Tensor, b: torch.Tensor, batch: Mapping[str, Any]) -> float:
     """Mean |log p(token)| difference of two logit tensors over the real response tokens."""
     p = int(batch["prompt_length"])
     labels = batch["input_ids"][:, p:]
@@ -129,7 +130,7 @@ def _mean_gap(a: torch.Tensor, b: torch.Tensor, batch: dict[str, Any]) -> float:
     return float(gap.sum() / mask.sum().clamp(min=1.0))
 
 
-def shared_prompt_logits(model: Any, batch: dict[str, Any]) -> torch.Tensor | None:
+def shared_prompt_logits(model: Any, batch: Mapping[str, Any]) -> torch.Tensor | None:
     """Logits ``(B, T, V)`` predicting each response token, running each distinct prompt once;
     ``None`` when the batch shares no prompt or ``model`` failed its check (then the caller runs
     :func:`full_logits`)."""

@@ -127,9 +127,7 @@ def build_verl_batch(experiences: list[Experience], pad_token_id: int = 0) -> Tr
         raise ValueError(
             "the veRL trainer needs at least one prompt token per experience (veRL's unpadding assumes it)"
         )
-    batch = build_batch(experiences, pad_token_id)
-    batch["uids"] = [str(e.eid.tid) for e in experiences]
-    return batch
+    return build_batch(experiences, pad_token_id).with_(uids=[str(e.eid.tid) for e in experiences])
 
 
 def pad_rows(batch: TrainBatch, multiple: int) -> tuple[TrainBatch, int]:
@@ -140,23 +138,21 @@ def pad_rows(batch: TrainBatch, multiple: int) -> tuple[TrainBatch, int]:
     ``advantages`` and ``returns`` zeroed, so it adds nothing to any loss or token count;
     outputs for padding rows are dropped with ``[:n]``.
     """
-    n = batch["input_ids"].shape[0]
+    n = batch.num_rows
     extra = (-n) % max(1, multiple)
     if extra == 0:
         return batch, n
+    from trinity.trainer.batch import map_rows
+
     index = torch.cat([torch.arange(n), torch.full((extra,), n - 1)])
-    out: dict[str, Any] = {}
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
-            value = value[index.to(value.device)].clone()
-            if key in ("action_mask", "rewards", "advantages", "returns"):
-                value[n:] = 0
-            out[key] = value
-        elif key in ("info", "uids"):
-            out[key] = list(value) + [value[-1]] * extra
-        else:
-            out[key] = value
-    return out, n  # type: ignore[return-value]  # the same keys as ``batch``
+
+    def pad(key: str, value: torch.Tensor) -> torch.Tensor:
+        value = value[index.to(value.device)].clone()
+        if key in ("action_mask", "rewards", "advantages", "returns"):
+            value[n:] = 0
+        return value
+
+    return map_rows(batch, pad, lambda rows: list(rows) + [rows[-1]] * extra), n
 
 
 def meta_info(batch: TrainBatch, temperature: float) -> dict[str, Any]:

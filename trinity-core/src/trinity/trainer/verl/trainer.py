@@ -2,15 +2,15 @@
 
 Same interface as :class:`~trinity.trainer.native.NativeTrainer` (``train_step``,
 ``state_dict``, ``save_checkpoint``, ``load_checkpoint``, ``global_step``, ``tokenizer``), same
-algorithm: one step is
+step (:mod:`trinity.trainer.step`, which runs the KL penalty and our ``AdvantageFn`` here, on the
+driver); its primitives call veRL's FSDP worker groups:
 
-1. experiences → our padded batch (:func:`~trinity.trainer.verl.dataproto.build_verl_batch`);
-2. on veRL's FSDP worker groups: reference log-probs (``compute_ref_log_prob``), critic values
-   (``infer_batch``), old log-probs (``compute_log_prob``, unless ``trainer.use_rollout_logprobs``);
-3. here, on the driver: our KL penalty and our ``AdvantageFn`` on those tensors, with the
-   native trainer's code (:class:`~trinity.trainer.components.AlgorithmComponents`);
-4. on the workers: critic update (``train_mini_batch`` with veRL's value loss), then the actor
-   update (``update_actor``) whose loss is our :class:`~trinity.trainer.verl.loss.ActorLoss`.
+- :meth:`~VerlTrainer.prepare`: experiences → our padded batch
+  (:func:`~trinity.trainer.verl.dataproto.build_verl_batch`), padded to the world size per call;
+- reference log-probs (``compute_ref_log_prob``), critic values (``infer_batch``), old log-probs
+  and entropy (``compute_log_prob``);
+- critic update (``train_mini_batch`` with veRL's value loss), then the actor update
+  (``update_actor``) whose loss is our :class:`~trinity.trainer.verl.loss.ActorLoss`.
 
 The workers are one Ray worker per trainer rank, the actor, reference model and critic colocated
 in each, driven from the Trainer actor. Where the config or Ray has GPUs a rank is a GPU
@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from trinity.trainer import checkpoint as ckpt
-from trinity.trainer.components import AlgorithmComponents, MissingInputError
+from trinity.trainer.components import AlgorithmComponents
+from trinity.trainer.step import train_step
 from trinity.trainer.verl.config import build_verl_config, total_training_steps
 from trinity.trainer.verl.dataproto import batch_to_dataproto, build_verl_batch, pad_rows
 from trinity.trainer.verl.loss import ActorLoss
@@ -393,54 +393,47 @@ class VerlTrainer:
         output = _result(call(td))
         return {k: no_padding_2_padding(tu.get(output, k), td).float()[:n].cpu() for k in keys}
 
+    # -- the step's primitives (trinity.trainer.step runs them) ----------------------------------
+
+    #: veRL's workers give log-probs and entropy, not the whole distribution (no ``old_nec``).
+    policy_stats_names = ("old_logprob", "old_entropy")
+    #: veRL's update takes ``old_log_probs`` as input: the step computes them first.
+    old_logprob_from_update = False
+
     def train_step(self, experiences: list[Experience]) -> dict[str, float]:
-        """Train on one batch of experiences; returns metrics with Trinity-RFT names."""
-        from trinity.trainer.metrics import logprob_agreement, step_summary
+        """Train on one batch of experiences (:func:`trinity.trainer.step.train_step`); returns
+        metrics with Trinity-RFT names."""
+        return train_step(self, experiences)
 
-        start = time.perf_counter()
-        timing: dict[str, float] = {}
-        metrics: dict[str, float] = {}
-        batch = build_verl_batch(experiences, self.pad_token_id)
+    def prepare(self, experiences: list[Experience]) -> tuple[TrainBatch, None]:
+        """Our padded batch with veRL's group keys (on CPU; each worker call pads it to the world
+        size and sends it); no plan."""
+        return build_verl_batch(experiences, self.pad_token_id), None
+
+    def ref_logprobs(self, batch: TrainBatch, plan: None = None) -> torch.Tensor:
+        """The reference workers' log-probs ``(B, T)`` (``compute_ref_log_prob``)."""
         padded, n = pad_rows(batch, self.world_size)
-        actor, no_entropy = self.workers["actor"], {"calculate_entropy": False}
-        if self.use_ref:
-            tick = time.perf_counter()
-            batch["ref_logprob"] = self._infer(
-                padded, n, self.workers["ref"].compute_ref_log_prob, "log_probs", **no_entropy
-            )
-            timing["timing/ref"] = time.perf_counter() - tick
-        if self.use_critic:
-            tick = time.perf_counter()
-            batch["values"] = self._infer(padded, n, self.workers["critic"].infer_batch, "values")
-            timing["timing/values"] = time.perf_counter() - tick
-        comps = self.components
-        from_rollout = self.config.trainer.use_rollout_logprobs and comps.rollout_old_logprob(batch)
-        if "old_nec" in comps.pre_update_inputs:
-            raise MissingInputError(
-                f"{comps.describe('advantage_fn')} needs 'old_nec' (the expectation of p(H + log p) "
-                "over the vocabulary), which veRL's workers do not compute; use trainer_type: native"
-            )
-        want_entropy = "old_entropy" in comps.pre_update_inputs
-        if not from_rollout or want_entropy:
-            tick = time.perf_counter()
-            keys = ("log_probs", "entropy") if want_entropy else ("log_probs",)
-            out = self._infer_keys(padded, n, actor.compute_log_prob, keys, calculate_entropy=want_entropy)
-            if not from_rollout:
-                batch["old_logprob"] = out["log_probs"]
-                # veRL's forward of the weights the rollouts were sampled with, against the engine's.
-                metrics.update(logprob_agreement(batch))
-            if want_entropy:
-                batch["old_entropy"] = out["entropy"]
-            timing["timing/old_log_prob"] = time.perf_counter() - tick
+        call = self.workers["ref"].compute_ref_log_prob
+        return self._infer(padded, n, call, "log_probs", calculate_entropy=False)
 
-        tick = time.perf_counter()
-        batch, shaping_metrics = comps.shape_rewards_and_advantages(batch)
-        metrics.update(shaping_metrics)
-        timing["timing/adv"] = time.perf_counter() - tick
+    def values(self, batch: TrainBatch, plan: None = None) -> torch.Tensor:
+        """The critic workers' values ``(B, T)`` (``infer_batch``)."""
+        padded, n = pad_rows(batch, self.world_size)
+        return self._infer(padded, n, self.workers["critic"].infer_batch, "values")
 
-        padded, _ = pad_rows(batch, self.world_size)
-        rows = padded["input_ids"].shape[0]
-        update = {
+    def policy_stats(self, batch: TrainBatch, plan: None, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """``old_logprob`` / ``old_entropy`` (those in ``names``) from one ``compute_log_prob``."""
+        padded, n = pad_rows(batch, self.world_size)
+        want_entropy = "old_entropy" in names
+        keys = ("log_probs", "entropy") if want_entropy else ("log_probs",)
+        call = self.workers["actor"].compute_log_prob
+        out = self._infer_keys(padded, n, call, keys, calculate_entropy=want_entropy)
+        ours = {"old_logprob": out["log_probs"], "old_entropy": out.get("entropy")}
+        return {name: ours[name] for name in names}
+
+    def _update_meta(self, padded: TrainBatch) -> dict[str, Any]:
+        rows = padded.num_rows
+        return {
             "global_batch_size": rows,
             "mini_batch_size": self._mini_batch_rows(rows),
             "epochs": self.config.trainer.ppo_epochs,
@@ -448,21 +441,22 @@ class VerlTrainer:
             "dataloader_kwargs": {"shuffle": False},
             "global_step": self.global_step + 1,  # the policy loss's global_step (1-based)
         }
-        if self.use_critic:
-            tick = time.perf_counter()
-            output = self.workers["critic"].train_mini_batch(self._tensordict(padded, **update))
-            metrics.update(_metrics(output, "critic"))
-            timing["timing/update_critic"] = time.perf_counter() - tick
-        if self.global_step >= self.config.trainer.critic_warmup:
-            tick = time.perf_counter()
-            td = self._tensordict(padded, compute_loss=True, calculate_entropy=comps.needs_entropy, **update)
-            metrics.update(_metrics(actor.update_actor(td), "actor"))
-            timing["timing/update_actor"] = time.perf_counter() - tick
-        self.global_step += 1
 
-        timing["timing/step"] = time.perf_counter() - start
-        metrics.update(step_summary(batch, timing, self.global_step, self.config.model.max_response_tokens))
-        return metrics
+    def update_critic(self, batch: TrainBatch, plan: None = None) -> dict[str, float]:
+        """The critic workers' ``train_mini_batch`` (veRL's value loss); metrics under ``critic/``."""
+        padded, _ = pad_rows(batch, self.world_size)
+        td = self._tensordict(padded, **self._update_meta(padded))
+        return _metrics(self.workers["critic"].train_mini_batch(td), "critic")
+
+    def update_actor(self, batch: TrainBatch, plan: None = None) -> tuple[dict[str, float], None]:
+        """The actor workers' ``update_actor`` with our loss (:class:`ActorLoss`); metrics under
+        ``actor/`` (``old_logprob`` never comes from here)."""
+        padded, _ = pad_rows(batch, self.world_size)
+        entropy = self.components.needs_entropy
+        td = self._tensordict(
+            padded, compute_loss=True, calculate_entropy=entropy, **self._update_meta(padded)
+        )
+        return _metrics(self.workers["actor"].update_actor(td), "actor"), None
 
     def _mini_batch_rows(self, rows: int) -> int:
         """Rows per optimizer step: veRL's ``ppo_mini_batch_size * rollout.n``, capped at the batch."""
