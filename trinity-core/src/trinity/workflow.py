@@ -132,7 +132,7 @@ class Workflow(ABC):
         from ``task.raw_task`` (an environment's seed, a game file, ToolACE conversations)
         override it to check those instead.
         """
-        from trinity.buffer.taskset import prompt_row_problem
+        from trinity.buffer.rows import prompt_row_problem
 
         return prompt_row_problem(row, format_args)
 

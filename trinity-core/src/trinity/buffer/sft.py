@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from trinity.buffer.base import BufferExhausted, ReaderBase
 from trinity.buffer.dataset import DatasetError, load_rows
+from trinity.buffer.rows import check_messages
 from trinity.buffer.selector import make_selector
-from trinity.buffer.taskset import check_messages
 
 if TYPE_CHECKING:
     from trinity.config import ExperienceBufferConfig, FormatConfig

@@ -19,13 +19,13 @@ selector that chose the task (:meth:`~trinity.buffer.selector.Selector.update`).
 from __future__ import annotations
 
 import logging
-import reprlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trinity.buffer.base import BufferExhausted
 from trinity.buffer.dataset import DatasetError, RawRow, load_rows
+from trinity.buffer.rows import one_line, type_name
 from trinity.buffer.selector import Selector, SequentialSelector, build_selector
 
 if TYPE_CHECKING:
@@ -35,82 +35,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _MAX_LOGGED_SKIPS = 20
-_MAX_REASON_CHARS = 300
-_SHORT_REPR = reprlib.Repr()
-_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 40
-_ROLES = ("system", "user", "assistant", "tool", "function", "developer")
 
 
 class TasksetError(ValueError):
     """A taskset cannot be used; the message names the taskset and what to fix."""
-
-
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _short_repr(value: Any) -> str:
-    """A bounded repr of a row value for messages; never raises (huge ints, odd objects)."""
-    try:
-        return _SHORT_REPR.repr(value)
-    except Exception:  # e.g. int -> str over sys.get_int_max_str_digits()
-        return f"<{_type_name(value)}>"
-
-
-def _one_line(text: str, limit: int = _MAX_REASON_CHARS) -> str:
-    """``text`` on one line, cut to ``limit`` characters: reasons come from row data."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def check_messages(value: Any, key: str) -> str | None:
-    """Why ``value`` is not a usable chat message list, or ``None`` when it is."""
-    if not isinstance(value, list):
-        return f"{key!r} must be a list of messages, got {_type_name(value)}"
-    if not value:
-        return f"{key!r} is an empty message list"
-    for i, msg in enumerate(value):
-        if not isinstance(msg, dict):
-            return f"{key}[{i}] must be an object with role and content, got {_type_name(msg)}"
-        if msg.get("role") not in _ROLES:
-            return f"{key}[{i}].role must be one of {', '.join(_ROLES)} (got {_short_repr(msg.get('role'))})"
-        content = msg.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            return f"{key}[{i}].content must be a string, got {_type_name(content)}"
-    return None
-
-
-def prompt_row_problem(row: dict[str, Any], fmt: Any) -> str | None:
-    """Why a row cannot feed a prompt-based workflow, or ``None`` (the default of
-    :meth:`trinity.workflow.Workflow.row_problem`)."""
-    msg_key, prompt_key = fmt.messages_key, fmt.prompt_key
-    # A row needs a prompt: a chat list under messages_key or a text under prompt_key. Which
-    # one is not forced by prompt_type: Trinity-RFT tasksets commonly keep the default
-    # prompt_type with a plaintext prompt_key, and workflows read the raw row themselves.
-    if msg_key and row.get(msg_key) is not None:
-        problem = check_messages(row[msg_key], msg_key)
-        if problem:
-            return problem
-    elif prompt_key not in row:
-        return f"missing prompt key {prompt_key!r} (row keys: {', '.join(sorted(map(str, row))) or 'none'})"
-    else:
-        prompt = row[prompt_key]
-        if not isinstance(prompt, str):
-            return f"prompt {prompt_key!r} must be a string, got {_type_name(prompt)}"
-        if not prompt.strip():
-            return f"prompt {prompt_key!r} is empty"
-    response = row.get(fmt.response_key)
-    if response is not None and (
-        isinstance(response, (dict, list)) or not isinstance(response, (str, int, float))
-    ):
-        return f"response {fmt.response_key!r} must be a string or number, got {_type_name(response)}"
-    system = row.get(fmt.system_prompt_key) if fmt.system_prompt_key else None
-    if system is not None and not isinstance(system, str):
-        return f"system prompt {fmt.system_prompt_key!r} must be a string, got {_type_name(system)}"
-    tools = row.get(fmt.tools_key) if fmt.tools_key else None
-    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-        return f"tools {fmt.tools_key!r} must be a list of objects, got {_type_name(tools)}"
-    return None
 
 
 class TasksetReader:
@@ -236,14 +164,14 @@ class TasksetReader:
         if r.error:
             return r.error
         if not isinstance(r.value, dict):
-            return f"row must be a JSON object, got {_type_name(r.value)}"
+            return f"row must be a JSON object, got {type_name(r.value)}"
         try:
             components = self._row_components(r.value)
             if isinstance(components, str):
                 return components
             return components[0].row_problem(r.value, self.config.format) or components
         except Exception as exc:  # hostile data (or a workflow's own check) costs one row, never the job
-            return f"unreadable row ({type(exc).__name__}: {_one_line(str(exc))[:200]})"
+            return f"unreadable row ({type(exc).__name__}: {one_line(str(exc))[:200]})"
 
     def _unusable_message(self, bad: int, total: int) -> str:
         """One line for a taskset whose rows are mostly unusable: counts, top reasons, first row."""
@@ -271,7 +199,7 @@ class TasksetReader:
         ):
             name = row.get(key) if key and row.get(key) is not None else default
             if name is not None and not isinstance(name, str):
-                return f"{kind} name {key!r} must be a string, got {_type_name(name)}"
+                return f"{kind} name {key!r} must be a string, got {type_name(name)}"
             names[kind] = name
         if not names["workflow"]:
             return f"no workflow: column {fmt.workflow_key!r} is empty and there is no default_workflow_type"
@@ -287,7 +215,7 @@ class TasksetReader:
 
     def _skip(self, row: RawRow, why: str) -> None:
         # Reasons are counted without their row-specific detail so metrics stay few.
-        why = _one_line(why)
+        why = one_line(why)
         self.skipped[why.split(" (")[0]] += 1
         if self._first_skip is None:
             self._first_skip = row.where

@@ -28,10 +28,13 @@ import urllib.parse
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
-from trinity.data.dj_server import SERVICE, TOKEN_ENV
-
 if TYPE_CHECKING:
     from trinity.config.sections.data import DataJuicerServiceConfig
+
+#: The environment variable holding the service's bearer token (read by client and server).
+TOKEN_ENV = "TRINITY_DJ_TOKEN"
+#: What the service answers as its name on ``/health``.
+SERVICE = "trinity-data-juicer"
 
 logger = logging.getLogger(__name__)
 

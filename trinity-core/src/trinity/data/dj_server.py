@@ -30,8 +30,8 @@ import threading
 import uuid
 from typing import Any
 
-TOKEN_ENV = "TRINITY_DJ_TOKEN"
-SERVICE = "trinity-data-juicer"
+from trinity.data.dj_client import SERVICE, TOKEN_ENV
+
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
