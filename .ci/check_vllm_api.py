@@ -1,7 +1,7 @@
 """Check that every vLLM name the ``vllm`` rollout engine uses exists in the installed vLLM.
 
 Run by ``nox -s vllm_api`` (vLLM installed in its own environment; nothing is started, no GPU
-needed). The names live in ``trinity.explorer.engines.vllm_engine.VLLM_API``.
+needed). The names live in ``trinity.rollout.vllm_engine.VLLM_API``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import vllm
 from vllm import outputs, sampling_params
 from vllm.v1.worker.gpu_worker import Worker
 
-from trinity.explorer.engines.vllm_engine import VLLM_API
+from trinity.rollout.vllm_engine import VLLM_API
 
 try:
     from vllm.logprobs import Logprob

@@ -4,7 +4,7 @@
                                        [--hidden 128] [--layers 2] [--repeats 12] [--threads 1]
 
 Two engines on the same model, one with the lean decoding step
-(:mod:`trinity.explorer.engines.lean_decoding`) and one with ``lean_decoding=False`` (what
+(:mod:`trinity.rollout.lean_decoding`) and one with ``lean_decoding=False`` (what
 ``enforce_eager: true`` gives), sample the same calls (the quickstart's batch by default: 16
 arithmetic prompts x 8 samples, 56 tokens at most, temperature 1, each repeat its own prompts and
 seed). The two are interleaved (who goes first alternates), so load from other processes hits
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from trinity.explorer.engines.transformers_engine import TransformersEngine
+from trinity.rollout.transformers_engine import TransformersEngine
 from trinity.testing.tiny_model import create_tiny_model
 
 

@@ -31,8 +31,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from trinity.explorer.engines.transformers_engine import TransformersEngine
 from trinity.explorer.model_wrapper import ModelWrapper
+from trinity.rollout.transformers_engine import TransformersEngine
 from trinity.testing.tiny_model import create_tiny_model
 
 MESSAGES = [

@@ -38,7 +38,7 @@ from collections.abc import Callable
 
 import torch
 
-from trinity.explorer.engines.transformers_engine import TransformersEngine
+from trinity.rollout.transformers_engine import TransformersEngine
 from trinity.testing.tiny_model import create_tiny_model
 
 

@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from trinity.explorer.engines.base import SamplingArgs
-from trinity.explorer.engines.transformers_engine import TransformersEngine
+from trinity.rollout.base import SamplingArgs
+from trinity.rollout.transformers_engine import TransformersEngine
 from trinity.testing.tiny_model import create_tiny_model
 
 

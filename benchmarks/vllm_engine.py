@@ -25,14 +25,10 @@ from typing import Any
 import torch
 
 from trinity.config import InferenceModelConfig
-from trinity.explorer.engines.base import SamplingArgs
-from trinity.explorer.engines.transformers_engine import TransformersEngine
-from trinity.explorer.engines.vllm_engine import (
-    VLLMEngineActor,
-    engine_kwargs,
-    is_cpu_build,
-    sampling_params_kwargs,
-)
+from trinity.rollout.base import SamplingArgs
+from trinity.rollout.transformers_engine import TransformersEngine
+from trinity.rollout.vllm_engine import VLLMEngineActor, sampling_params_kwargs
+from trinity.rollout.vllm_start import engine_kwargs, is_cpu_build
 from trinity.sync.memory import to_wire
 from trinity.testing.tiny_model import create_tiny_model
 

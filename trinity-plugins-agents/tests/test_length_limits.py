@@ -13,8 +13,8 @@ import pytest
 
 from trinity.buffer.taskset import TasksetReader
 from trinity.config import load_config
-from trinity.explorer.engines.base import SamplingArgs
 from trinity.plugins import get_component
+from trinity.rollout.base import SamplingArgs
 from trinity.workflow import Task
 from trinity_agents.agentscope_frozen_lake import AgentScopeFrozenLakeWorkflow
 from trinity_agents.agentscope_react import agentscope_install_hint

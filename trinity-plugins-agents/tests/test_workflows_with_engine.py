@@ -10,9 +10,9 @@ pytest.importorskip("transformers")
 import itertools
 
 from trinity.config import GenerationConfig
-from trinity.explorer.engines.base import SamplingArgs
-from trinity.explorer.engines.transformers_engine import TransformersEngine
 from trinity.explorer.model_wrapper import ModelWrapper
+from trinity.rollout.base import SamplingArgs
+from trinity.rollout.transformers_engine import TransformersEngine
 from trinity.testing.tiny_model import IM_END
 from trinity.workflow import Task
 from trinity_agents.frozen_lake import FrozenLakeWorkflow

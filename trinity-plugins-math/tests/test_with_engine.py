@@ -17,8 +17,8 @@ from trinity_math.workflows import AsyncMathWorkflow, MathBoxedWorkflow, MathWor
 
 @pytest.fixture(scope="module")
 def model(tiny_model):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
     from trinity.explorer.model_wrapper import ModelWrapper
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     path = tiny_model(vocab_chars=MATH_VOCAB_CHARS, seed=0)  # what create_math_model(path) saves
     return ModelWrapper(TransformersEngine(path, dtype="float32", device="cpu", seed=0))

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 model_wrapper = pytest.importorskip("trinity.explorer.model_wrapper")
 
 from trinity.experience import Experience  # noqa: E402
-from trinity.explorer.engines.transformers_engine import TransformersEngine  # noqa: E402
+from trinity.rollout.transformers_engine import TransformersEngine  # noqa: E402
 from trinity.testing.tiny_model import IM_END  # noqa: E402
 from trinity.workflow import Task  # noqa: E402
 from trinity_webshop.catalog import default_catalog  # noqa: E402

@@ -287,7 +287,7 @@ def register_commands(register: RegisterCommand) -> None:
         "debug",
         LazyCommand(
             "debug",
-            "trinity.explorer.debug:debug",
+            "trinity.serving.debug:debug",
             "Try a workflow on a few tasks, serve the job's models, or view experiences.",
         ),
     )

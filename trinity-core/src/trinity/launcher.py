@@ -245,8 +245,8 @@ def _run_stage(config: Config, start: _Start | None = None) -> StageResult:
     job_dir = Path(config.checkpoint_job_dir)
     (job_dir / "log").mkdir(parents=True, exist_ok=True)
     start = start or _Start()
-    if config.mode == "serve":  # no step loop: serves until stopped (trinity.explorer.serve)
-        from trinity.explorer.serve import run_serve
+    if config.mode == "serve":  # no step loop: serves until stopped (trinity.serving.serve)
+        from trinity.serving.serve import run_serve
 
         start.actors_ready = True  # it starts its own; what it logs is worth keeping
         return run_serve(config)

@@ -389,7 +389,7 @@ def test_feature_keys_and_kwargs_warn_only_where_nothing_reads_them(monkeypatch)
 
 
 def test_explore_step_feeds_the_selector(tmp_path, plugin, tiny_model):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     class Parity(Workflow):
         can_repeat = True

@@ -26,7 +26,7 @@ from trinity.data.dj_server import main as server_main
 from trinity.data.operator import OperatorContext
 from trinity.data.served_models import ServedModels
 from trinity.experience import EID, Experience
-from trinity.explorer.engines.base import RolloutEngine, SamplingArgs
+from trinity.rollout.base import RolloutEngine, SamplingArgs
 from trinity.testing.tiny_model import build_tokenizer
 
 RECIPE = [
@@ -289,9 +289,9 @@ def test_an_llm_operator_whose_model_nobody_serves_stops_in_one_line(monkeypatch
 def test_the_task_pipeline_serves_its_scoring_model_in_the_driver(tmp_path, monkeypatch, capsys):
     """``llm_difficulty_score_filter`` names an auxiliary model: the driver loads it (its
     configured engine), serves it for the pipeline and shuts it down afterwards."""
+    from trinity import rollout as engines
     from trinity.config import load_config
     from trinity.data.tasks import run_task_pipeline
-    from trinity.explorer import engines
 
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     judges: list[JudgeEngine] = []

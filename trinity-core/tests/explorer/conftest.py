@@ -15,7 +15,7 @@ def tiny_model_path(tiny_model):
 
 @pytest.fixture(scope="session")
 def engine(tiny_model_path):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     return TransformersEngine(tiny_model_path, dtype="float32", device="cpu", seed=0)
 

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from trinity.explorer.debug import debug
+from trinity.serving.debug import debug
 from trinity.testing.plugins import isolated_plugin_manager
 
 WORKFLOW = textwrap.dedent(
@@ -118,7 +118,7 @@ def test_debug_loads_the_auxiliary_models(tmp_path, tiny_model_path, debug_job, 
 
 
 def test_importing_debug_is_light():
-    code = "import sys, trinity.explorer.debug; print(any(m in sys.modules for m in ('torch', 'transformers', 'ray')))"
+    code = "import sys, trinity.serving.debug; print(any(m in sys.modules for m in ('torch', 'transformers', 'ray')))"
     assert subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip() == ("False")

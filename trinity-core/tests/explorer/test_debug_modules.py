@@ -20,10 +20,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trinity.explorer.debug import debug
 from trinity.explorer.model_wrapper import ModelWrapper
-from trinity.explorer.remote_model import RemoteModelWrapper, build_debug_app, probe
 from trinity.plugins import install_hint
+from trinity.serving.debug import debug
+from trinity.serving.remote_model import RemoteModelWrapper, build_debug_app, probe
 from trinity.testing.plugins import isolated_plugin_manager
 
 HELLO = [{"role": "user", "content": "1+1="}]
@@ -42,7 +42,7 @@ def _same(a, b):
 
 @pytest.fixture
 def served(engine, tiny_model_path):
-    from trinity.explorer.openai_api.server import OpenAIServer
+    from trinity.serving.openai_api.server import OpenAIServer
 
     model = ModelWrapper(engine, name="rollout", model_path=str(tiny_model_path))
     server = OpenAIServer(model, app=build_debug_app(model))
@@ -256,8 +256,8 @@ def test_workflow_uses_the_served_inference_model(tmp_path, tiny_model_path, deb
 def test_a_stale_address_file_falls_back_to_loading_the_model(tmp_path, tiny_model_path, debug_job, manager):
     config, plugins = _setup(debug_job)
     from trinity.config import load_config
-    from trinity.explorer.debug import server_file
     from trinity.plugins import add_plugin_dirs
+    from trinity.serving.debug import server_file
 
     add_plugin_dirs([str(plugins)])  # the config names the plugin's workflow
     path = server_file(load_config(str(config)))

@@ -203,7 +203,7 @@ def test_accuracy_metrics_mean_pass_worst():
 
 
 def test_sync_weights_and_bench(tmp_path, tiny_model_path, plugins):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu")
     explorer = Explorer(_config(tmp_path, tiny_model_path), engines=[engine], writer=ListWriter())

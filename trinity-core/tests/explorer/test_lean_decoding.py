@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trinity.explorer.engines.lean_decoding import LeanDecoder, LogitsDiffer, NotCovered
+from trinity.rollout.lean_decoding import LeanDecoder, LogitsDiffer, NotCovered
 from trinity.testing.tiny_model import create_tiny_model
 from trinity.trainer.batch import position_ids_from_mask
 
-ENGINE_LOG = "trinity.explorer.engines.transformers_engine"
+ENGINE_LOG = "trinity.rollout.transformers_generate"
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_models_it_does_not_cover_are_refused_with_the_reason(tmp_path):
 
 
 def test_an_engine_whose_check_fails_decodes_with_transformers(tiny_model_path, monkeypatch, caplog):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     real_step = LeanDecoder.step
 
@@ -148,7 +148,7 @@ def test_an_engine_whose_check_fails_decodes_with_transformers(tiny_model_path, 
 
 
 def test_engine_decodes_with_the_lean_step_and_drops_finished_rows(tiny_model_path, monkeypatch):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu", seed=0)
     assert engine.lean is not None
@@ -173,7 +173,7 @@ def test_engine_decodes_with_the_lean_step_and_drops_finished_rows(tiny_model_pa
 
 def test_enforce_eager_turns_the_lean_step_off(tiny_model_path):
     from trinity.config import InferenceModelConfig
-    from trinity.explorer.engines import create_engines
+    from trinity.rollout import create_engines
 
     default = create_engines(
         InferenceModelConfig(model_path=str(tiny_model_path), engine_type="transformers", dtype="float32")
@@ -190,7 +190,7 @@ def test_enforce_eager_turns_the_lean_step_off(tiny_model_path):
 def test_one_sample_calls_run_their_prompt_then_lean_steps(tiny_model_path, temperature):
     """``n: 1`` (no shared prefill): transformers runs the whole prompt, the lean step the rest;
     the same tokens and log-probs as without the lean step."""
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     lean = TransformersEngine(tiny_model_path, dtype="float32", device="cpu", seed=0)
     plain = TransformersEngine(tiny_model_path, dtype="float32", device="cpu", seed=0, lean_decoding=False)

@@ -394,10 +394,10 @@ def test_server_restarts_and_frees_its_port(engine):
 def test_log_requests(engine, caplog):
     model = ModelWrapper(engine, name="judge", log_requests=True)
     try:
-        with caplog.at_level("INFO", logger="trinity.explorer.openai_api"):
+        with caplog.at_level("INFO", logger="trinity.serving.openai_api"):
             model.get_openai_client().models.list()
         assert any(
-            r.name == "trinity.explorer.openai_api" and "judge GET /v1/models 200" in r.getMessage()
+            r.name == "trinity.serving.openai_api" and "judge GET /v1/models 200" in r.getMessage()
             for r in caplog.records
         )
     finally:
@@ -436,7 +436,7 @@ def test_cli_and_wrapper_import_no_web_stack():
         "from trinity.cli import cli\n"
         "for args in (['--help'], ['plugins']):\n"
         "    assert CliRunner().invoke(cli, args).exit_code == 0\n"
-        "import trinity.explorer.model_wrapper, trinity.explorer.openai_api.tool_parsers, trinity.config\n"
+        "import trinity.explorer.model_wrapper, trinity.serving.openai_api.tool_parsers, trinity.config\n"
         "print(' '.join(m for m in ('fastapi', 'uvicorn', 'starlette', 'torch') if m in sys.modules))\n"
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

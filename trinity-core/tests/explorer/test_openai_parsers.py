@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from trinity.config.sections.explorer import REASONING_PARSERS, TOOL_CALL_PARSERS, InferenceModelConfig
-from trinity.explorer.openai_api import reasoning, tool_parsers
-from trinity.explorer.openai_api.reasoning import parse_deepseek_r1, parse_qwen3
-from trinity.explorer.openai_api.tool_parsers import parse_hermes, parse_llama3_json
+from trinity.serving.openai_api import reasoning, tool_parsers
+from trinity.serving.openai_api.reasoning import parse_deepseek_r1, parse_qwen3
+from trinity.serving.openai_api.tool_parsers import parse_hermes, parse_llama3_json
 
 
 def _calls(parsed):

@@ -22,14 +22,14 @@ import pytest
 import torch
 
 from trinity.experience import Experience
-from trinity.explorer.engines.base import (
+from trinity.explorer.model_wrapper import ModelWrapper
+from trinity.rollout.base import (
     RolloutEngine,
     SamplingArgs,
     StreamEnd,
     TokenDelta,
     finish_point,
 )
-from trinity.explorer.model_wrapper import ModelWrapper
 from trinity.testing.tiny_model import DEFAULT_VOCAB_CHARS, IM_END, build_tokenizer
 
 openai = pytest.importorskip("openai")  # in trinity-core[dev]

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from trinity.experience import Experience
-from trinity.explorer.engines.base import RolloutEngine, SamplingArgs, finish_point
 from trinity.explorer.model_wrapper import ModelWrapper
+from trinity.rollout.base import RolloutEngine, SamplingArgs, finish_point
 from trinity.testing.tiny_model import IM_END, build_tokenizer
 
 openai = pytest.importorskip("openai")  # in trinity-core[dev]
@@ -472,7 +472,7 @@ def test_completions_record_exactly_and_stream(served):
 
 
 def test_tools_reach_the_real_models_template_and_the_record_is_the_sample(tiny_model_path):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     engine = TransformersEngine(
         tiny_model_path, dtype="float32", device="cpu", seed=0, chat_template=TOOL_TEMPLATE

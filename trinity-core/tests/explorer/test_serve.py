@@ -17,8 +17,8 @@ from trinity.config import Config
 from trinity.config.errors import ConfigError
 from trinity.config.resolve import resolve_config
 from trinity.experience import Experience
-from trinity.explorer.serve import ServeJob
-from trinity.explorer.serve_feedback import FeedbackError, FeedbackLedger
+from trinity.serving.serve import ServeJob
+from trinity.serving.serve_feedback import FeedbackError, FeedbackLedger
 
 openai = pytest.importorskip("openai")
 
@@ -325,7 +325,7 @@ def test_bad_feedback_requests_get_openai_errors(serving, path, body, code, para
 def test_new_weights_are_picked_up_between_requests(tmp_path, tiny_model_path):
     from transformers import AutoModelForCausalLM
 
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
     from trinity.trainer.checkpoint import save_checkpoint
 
     engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu", seed=0)  # own weights
@@ -377,7 +377,7 @@ def test_new_weights_are_picked_up_between_requests(tmp_path, tiny_model_path):
 def test_a_restarted_serve_job_starts_from_the_latest_checkpoint(tmp_path, tiny_model_path):
     from transformers import AutoModelForCausalLM
 
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
     from trinity.trainer.checkpoint import save_checkpoint
 
     config = _serve_config(tmp_path, tiny_model_path)
@@ -421,7 +421,7 @@ def test_serve_config_keys(tmp_path, tiny_model_path):
 
 
 def test_first_step_follows_the_trainers_batches(tmp_path, tiny_model_path):
-    from trinity.explorer.serve import first_step_after
+    from trinity.serving.serve import first_step_after
 
     config = _serve_config(tmp_path, tiny_model_path)  # batch 1 x repeat 2 = train_batch_size
     assert [first_step_after(config, step) for step in (0, 1, 5)] == [1, 2, 6]
@@ -435,8 +435,8 @@ def test_first_step_follows_the_trainers_batches(tmp_path, tiny_model_path):
 def test_a_taken_port_is_one_clear_line(tmp_path, tiny_model_path):
     import socket
 
-    from trinity.explorer.serve import run_serve
     from trinity.launcher import JobFailed
+    from trinity.serving.serve import run_serve
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from trinity.explorer.engines.base import PROMPT_TRUNCATED, PromptTooLong
 from trinity.explorer.model_wrapper import ModelWrapper
+from trinity.rollout.base import PROMPT_TRUNCATED, PromptTooLong
 
 openai = pytest.importorskip("openai")  # in trinity-core[dev]
 

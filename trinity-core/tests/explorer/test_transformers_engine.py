@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trinity.explorer.engines.base import SamplingArgs, finish_point
+from trinity.rollout.base import SamplingArgs, finish_point
 from trinity.testing.tiny_model import create_tiny_model
 
 
@@ -131,7 +131,7 @@ def test_sampling_args_validation():
 
 
 def test_update_weights_and_load_checkpoint(tmp_path, tiny_model_path):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu")
     tokens = engine.encode("hello world")
@@ -231,7 +231,7 @@ def test_a_seeded_call_samples_the_same_alone_or_batched_with_others(engine):
 
 
 def test_row_sampler_draws_from_the_tempered_filtered_distribution():
-    from trinity.explorer.engines.transformers_engine import RowSampler, row_seeds
+    from trinity.rollout.sampling import RowSampler, row_seeds
 
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
     scores = probs.log().repeat(4000, 1)
@@ -344,7 +344,7 @@ def test_marked_tasks_calling_at_different_moments_share_one_generate(engine, mo
 
 
 def _fresh_engine(tiny_model_path, **kwargs):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     return TransformersEngine(tiny_model_path, dtype="float32", device="cpu", seed=0, **kwargs)
 
@@ -434,7 +434,7 @@ def test_a_cache_without_a_batch_method_falls_back_once(
     monkeypatch.setattr(DynamicCache, method, refuse)
     # The lean decoding step keeps its own cache: this is about transformers' cache.
     engine = _fresh_engine(tiny_model_path, lean_decoding=False)
-    with caplog.at_level("WARNING", logger="trinity.explorer.engines.transformers_engine"):
+    with caplog.at_level("WARNING", logger="trinity.rollout.transformers_generate"):
         a = engine.generate(["hello"], n=3, max_tokens=8, seed=4)
         engine.generate(["hello"], n=3, max_tokens=8, seed=4)
     assert getattr(engine, flag) is False
@@ -449,7 +449,7 @@ def test_a_cache_without_a_batch_method_falls_back_once(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the engine's loop on the GPU")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_own_loop_on_the_gpu_samples_what_generate_samples(tiny_model_path, dtype):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     own, hf = (TransformersEngine(tiny_model_path, dtype=dtype, device="cuda", seed=0) for _ in range(2))
     hf.own_loop = False
@@ -464,7 +464,7 @@ def test_own_loop_on_the_gpu_samples_what_generate_samples(tiny_model_path, dtyp
 def test_torch_work_runs_on_the_engines_own_thread(tiny_model_path, monkeypatch):
     """Generation, scoring and weight updates from any thread run on one thread of the
     engine's (one OpenMP team for the process: see TransformersEngine.__init__)."""
-    from trinity.explorer.engines.lean_decoding import LeanDecoder
+    from trinity.rollout.lean_decoding import LeanDecoder
 
     engine = _fresh_engine(tiny_model_path)
     seen: set[int] = set()

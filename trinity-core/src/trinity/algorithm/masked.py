@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trinity._lazy import lazy_import
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trinity.buffer.base import gone_processes, pid_alive
-from trinity.buffer.sql_io import SQLReader, SQLWriter
+from trinity.buffer.sql_io import SQLReader, SQLWriter, unique_uids
 from trinity.buffer.sql_schema import (
     ADDED_EXPERIENCE_COLUMNS,
     ADDED_WRITER_COLUMNS,
@@ -74,23 +74,6 @@ def _clip(text: str | None, limit: int = _TEXT_LIMIT) -> str | None:
     if "\x00" in text:
         text = text.replace("\x00", "\ufffd")
     return text if len(text) <= limit else text[:limit]
-
-
-def _unique_uids(experiences: Sequence[Experience]) -> list[str]:
-    """``eid.uid`` of each experience; repeats *within* one batch get ``#1``, ``#2``...
-
-    Repeats inside a batch are distinct experiences from a workflow that did not number them
-    (several per run, same ``eid.step``), never a redone write, so they must all be kept. The
-    suffix depends only on the position in the batch, so a redone step maps to the same keys.
-    """
-    seen: dict[str, int] = {}
-    out = []
-    for exp in experiences:
-        uid = exp.eid.uid
-        n = seen.get(uid, 0)
-        seen[uid] = n + 1
-        out.append(uid if n == 0 else f"{uid}#{n}")
-    return out
 
 
 class SQLStorage:
@@ -305,7 +288,7 @@ class SQLStorage:
     ) -> list[dict]:
         """Column values for ``experiences``: the queryable columns plus ``"blob"``.
 
-        ``uids`` (default: :func:`_unique_uids` of ``experiences``) are the dedup keys.
+        ``uids`` (default: :func:`~trinity.buffer.sql_io.unique_uids` of ``experiences``) are the dedup keys.
         """
         now = time.time()
         prio = self.priority_fn
@@ -325,7 +308,7 @@ class SQLStorage:
                 "writer_id": writer_id,
                 "blob": exp.serialize(),
             }
-            for exp, uid in zip(experiences, uids or _unique_uids(experiences))
+            for exp, uid in zip(experiences, uids or unique_uids(experiences))
         ]
 
     def insert_rows(self, rows: list[dict]) -> list[int | None]:

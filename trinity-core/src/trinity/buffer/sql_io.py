@@ -26,14 +26,29 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def unique_uids(experiences: Sequence[Experience]) -> list[str]:
+    """``eid.uid`` of each experience; repeats *within* one batch get ``#1``, ``#2``...
+
+    Repeats inside a batch are distinct experiences from a workflow that did not number them
+    (several per run, same ``eid.step``), never a redone write, so they must all be kept. The
+    suffix depends only on the position in the batch, so a redone step maps to the same keys.
+    """
+    seen: dict[str, int] = {}
+    out = []
+    for exp in experiences:
+        uid = exp.eid.uid
+        n = seen.get(uid, 0)
+        seen[uid] = n + 1
+        out.append(uid if n == 0 else f"{uid}#{n}")
+    return out
+
+
 def run_uids(run: str | None, experiences: Sequence[Experience]) -> list[str] | None:
     """The stored ids of ``experiences`` written by run ``run``: ``<run>:<eid.uid>``, so two
     runs sharing a buffer never collide (``None``: no run, plain ``eid.uid``)."""
-    from trinity.buffer.sql import _unique_uids
-
     if run is None:
         return None
-    return [f"{run}:{uid}" for uid in _unique_uids(experiences)]
+    return [f"{run}:{uid}" for uid in unique_uids(experiences)]
 
 
 class SQLWriter(WriterBase):

@@ -124,7 +124,7 @@ def derive_token_limits(m: Any, key: str) -> None:
       lowered to ``max_model_len - 1`` so that the other keeps a token);
     - ``min_response_tokens`` not below ``max_response_tokens``: lowered to one below it.
 
-    Enforced at rollout (:mod:`trinity.explorer.engines.base`): a prompt over
+    Enforced at rollout (:mod:`trinity.rollout.base`): a prompt over
     ``max_prompt_tokens`` is masked out (``enable_prompt_truncation``) or refused, and no
     response runs past ``max_model_len``.
     """
@@ -687,7 +687,7 @@ def replace_values(data: Any, old: str, new: str) -> Any:
 
 def _check_serve(c: Config) -> None:
     """``mode: serve`` writes for a separate ``mode: train`` job and picks up its checkpoints
-    (see :mod:`trinity.explorer.serve`): the buffer must outlive the job and be readable by
+    (see :mod:`trinity.serving.serve`): the buffer must outlive the job and be readable by
     another process, the weights come from checkpoints on disk, and one engine serves."""
     sync = c.synchronizer
     if sync.sync_method != "checkpoint":

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trinity.config import InferenceModelConfig
-    from trinity.explorer.engines import RolloutEngine
     from trinity.explorer.model_wrapper import ModelWrapper
+    from trinity.rollout import RolloutEngine
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class ServedModels:
         if self._engine_for is not None:
             engine = self._engine_for(i)
         else:
-            from trinity.explorer.engines import create_engines
+            from trinity.rollout import create_engines
 
             print(
                 f"[trinity] loading auxiliary model {label!r} ({aux.model_path}) for the data processor",

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from trinity.buffer.base import BufferWriter
     from trinity.config import Config
     from trinity.experience import Experience
-    from trinity.explorer.engines.base import RolloutEngine
+    from trinity.rollout.base import RolloutEngine
     from trinity.sync.group import GroupSpec
     from trinity.workflow import Task
 
@@ -154,8 +154,8 @@ class Explorer:
         writer: BufferWriter | None = None,
         taskset_reader: Any = None,
     ) -> None:
-        from trinity.explorer.engines import create_engines
         from trinity.explorer.model_wrapper import model_wrappers_for
+        from trinity.rollout import create_engines
 
         self.config = config
         ex = config.explorer

@@ -3,7 +3,7 @@
 It implements the :class:`trinity.workflow.ModelWrapperProtocol` protocol (``chat``, ``generate``,
 async twins, ``logprobs``, ``convert_messages_to_experience``, ``get_openai_client``).
 With ``enable_history`` every Experience it hands out, including those made for OpenAI API
-calls (:mod:`trinity.explorer.openai_api`), is also recorded, for workflows whose agent code
+calls (:mod:`trinity.serving.openai_api`), is also recorded, for workflows whose agent code
 never sees Experiences; :meth:`ModelWrapper.extract_experience_from_history` collects them.
 """
 
@@ -20,13 +20,13 @@ if TYPE_CHECKING:
 
     from trinity.config.sections.explorer import InferenceModelConfig
     from trinity.experience import Experience
-    from trinity.explorer.engines.base import RolloutEngine, StreamItem
-    from trinity.explorer.openai_server import OpenAIServer
+    from trinity.rollout.base import RolloutEngine, StreamItem
+    from trinity.serving.openai_api.server import OpenAIServer
 
 
 class WrapperBase:
     """What the local :class:`ModelWrapper` and the debug remote wrapper
-    (:class:`trinity.explorer.remote_model.RemoteModelWrapper`) share: per-task call seeds and
+    (:class:`trinity.serving.remote_model.RemoteModelWrapper`) share: per-task call seeds and
     the OpenAI clients. Subclasses set ``name``, ``api_key``, ``_lock`` and ``_seeds`` and
     provide ``openai_base_url``, :meth:`_engine_seed` and :meth:`_engine_default_seed`."""
 
@@ -93,7 +93,7 @@ class WrapperBase:
         """Whether the OpenAI API answers requests for ``model_id`` (see :attr:`served_model_names`)."""
         return "*" in self.aliases or model_id in self.served_model_names
 
-    # -- token limits (see trinity.explorer.engines.base) -------------------------------------
+    # -- token limits (see trinity.rollout.base) -------------------------------------
 
     @property
     def max_model_len(self) -> int | None:
@@ -141,7 +141,7 @@ class WrapperBase:
         import torch
 
         from trinity.experience import Experience
-        from trinity.explorer.engines.base import PROMPT_TRUNCATED
+        from trinity.rollout.base import PROMPT_TRUNCATED
 
         ids, mask = assistant_token_mask(self.tokenizer, messages, self._chat_template(), tools)
         if 1 not in mask:
@@ -169,7 +169,7 @@ class WrapperBase:
         max_len = limits.get("max_model_len")
         if max_len is not None and len(ids) > max_len:
             if prompt_length >= max_len:
-                from trinity.explorer.engines.base import PromptTooLong
+                from trinity.rollout.base import PromptTooLong
 
                 raise PromptTooLong(prompt_length, max_len)
             ids, mask = ids[:max_len], mask[:max_len]
@@ -221,7 +221,7 @@ class ModelWrapper(WrapperBase):
     """What a workflow sees of one rollout engine.
 
     Args:
-        engine: the :class:`~trinity.explorer.engines.base.RolloutEngine` serving requests.
+        engine: the :class:`~trinity.rollout.base.RolloutEngine` serving requests.
         enable_history: record every returned Experience (see :meth:`extract_experience_from_history`).
         name: shown in logs and as the model id of the OpenAI API.
         model_path: the served model's path (``model_path`` attribute, as in Trinity-RFT).
@@ -234,7 +234,7 @@ class ModelWrapper(WrapperBase):
             (``qwen3``, ``deepseek_r1``; ``None``: replies are content only).
         enable_auto_tool_choice: let the OpenAI API serve ``tool_choice: "auto"`` (the default
             when a request has ``tools``), as vLLM's ``--enable-auto-tool-choice``.
-        log_requests: log one line per OpenAI API request (logger ``trinity.explorer.openai_api``).
+        log_requests: log one line per OpenAI API request (logger ``trinity.serving.openai_api``).
         aliases: further model ids the OpenAI API answers to besides ``name`` and ``model_path``
             (``"*"``: any id); see :attr:`served_model_names`.
     """
@@ -256,8 +256,8 @@ class ModelWrapper(WrapperBase):
     ) -> None:
         if tool_call_parser is not None or reasoning_parser is not None:
             # Pure-Python modules: an unknown name fails here, not at the first request.
-            from trinity.explorer.openai_api.reasoning import get_reasoning_parser
-            from trinity.explorer.openai_api.tool_parsers import get_tool_call_parser
+            from trinity.serving.openai_api.reasoning import get_reasoning_parser
+            from trinity.serving.openai_api.tool_parsers import get_tool_call_parser
 
             if tool_call_parser is not None:
                 get_tool_call_parser(tool_call_parser)
@@ -386,7 +386,7 @@ class ModelWrapper(WrapperBase):
         template = _template_args(tools, chat_template_kwargs, whole_context)
         args = self._with_seed(rollout_args)
         if not hasattr(self.engine, "chat_stream_async"):  # an engine double: whole samples
-            from trinity.explorer.engines.base import whole_sample_stream
+            from trinity.rollout.base import whole_sample_stream
 
             return whole_sample_stream(lambda: self.engine.chat_async(messages, **template, **args))
         return self.engine.chat_stream_async(messages, **template, **args)
@@ -396,7 +396,7 @@ class ModelWrapper(WrapperBase):
     ) -> AsyncIterator[StreamItem]:
         args = {**_template_args(None, None, whole_context), **self._with_seed(rollout_args)}
         if not hasattr(self.engine, "generate_stream_async"):
-            from trinity.explorer.engines.base import whole_sample_stream
+            from trinity.rollout.base import whole_sample_stream
 
             return whole_sample_stream(lambda: self.engine.generate_async(prompts, **args))
         return self.engine.generate_stream_async(prompts, **args)
@@ -440,7 +440,7 @@ class ModelWrapper(WrapperBase):
         """
         with self._lock:
             if self._server is None:
-                from trinity.explorer.openai_server import OpenAIServer
+                from trinity.serving.openai_api.server import OpenAIServer
 
                 self._server = OpenAIServer(self, port=self.port or 0)
                 self._server.start()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
 from trinity.algorithm import aggregate_loss, masked_mean
+from trinity.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch

@@ -23,7 +23,7 @@ ENGINE_DTYPES: tuple[str, ...] = (
     "float",
 )
 MAX_PORT = 65535
-# The parsers of the built-in OpenAI API (trinity.explorer.openai_api.tool_parsers / .reasoning;
+# The parsers of the built-in OpenAI API (trinity.serving.openai_api.tool_parsers / .reasoning;
 # a test keeps these lists equal to theirs).
 TOOL_CALL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json")
 REASONING_PARSERS: tuple[str, ...] = ("deepseek_r1", "qwen3")
@@ -111,7 +111,7 @@ class InferenceModelConfig(Section):
         "or `base_url`.",
     )
     enable_log_requests: bool = F(
-        False, "Log one line per OpenAI API request (logger `trinity.explorer.openai_api`, level INFO)."
+        False, "Log one line per OpenAI API request (logger `trinity.serving.openai_api`, level INFO)."
     )
     base_port: int | None = F(
         None,

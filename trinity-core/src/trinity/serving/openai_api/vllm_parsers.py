@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from trinity.explorer.openai_api.tool_parsers import ParsedReply, ToolCall
+from trinity.serving.openai_api.tool_parsers import ParsedReply, ToolCall
 
 logger = logging.getLogger(__name__)
 _WARNED: set[str] = set()

@@ -4,10 +4,10 @@ feedback.
 Two jobs share one config (same ``project``/``name``, so the same checkpoint folder and buffer):
 
 - ``mode: serve`` (this module) serves the rollout model through the OpenAI-compatible API
-  (:mod:`trinity.explorer.openai_api`) on ``explorer.listen_address:explorer.proxy_port``
+  (:mod:`trinity.serving.openai_api`) on ``explorer.listen_address:explorer.proxy_port``
   (127.0.0.1 unless set: the API has no authentication beyond ``api_key``). Every call is kept
   in its conversation until the application sends feedback; committed conversations go to
-  the experience buffer (:mod:`trinity.explorer.serve_feedback` has the rules).
+  the experience buffer (:mod:`trinity.serving.serve_feedback` has the rules).
 - ``mode: train`` trains on that buffer and saves checkpoints every ``trainer.save_interval``
   steps. Every ``explorer.service_status_check_interval`` seconds the serve job looks for a
   newer checkpoint in the job folder and loads it into the engine. The engine swaps weights
@@ -42,19 +42,19 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request  # route signatures are read at run time (importing this module serves)
 
-from trinity.explorer.serve_feedback import FeedbackError, FeedbackLedger
+from trinity.serving.serve_feedback import FeedbackError, FeedbackLedger
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from trinity.config import Config
     from trinity.experience import Experience
-    from trinity.explorer.engines.base import RolloutEngine
     from trinity.explorer.model_wrapper import ModelWrapper
-    from trinity.explorer.openai_api.server import CallContext, OpenAIServer
     from trinity.launcher import StageResult
+    from trinity.rollout.base import RolloutEngine
+    from trinity.serving.openai_api.server import CallContext, OpenAIServer
 
-logger = logging.getLogger("trinity.explorer.serve")
+logger = logging.getLogger("trinity.serving.serve")
 
 CONVERSATION_HEADER = "x-trinity-conversation"
 CONVERSATION_FIELD = "conversation_id"
@@ -74,8 +74,8 @@ def build_serve_app(model: ModelWrapper, ledger: FeedbackLedger) -> FastAPI:
     """The OpenAI API of ``model`` recording into ``ledger``, plus the feedback routes."""
     from fastapi.responses import JSONResponse
 
-    from trinity.explorer.openai_api.schema import APIError
-    from trinity.explorer.openai_api.server import build_app
+    from trinity.serving.openai_api.schema import APIError
+    from trinity.serving.openai_api.server import build_app
 
     def admit(headers: Mapping[str, str], extra: Mapping[str, Any]) -> None:
         conversation = conversation_of(headers, extra)
@@ -167,7 +167,7 @@ def build_serve_app(model: ModelWrapper, ledger: FeedbackLedger) -> FastAPI:
 
 
 def _only(body: Mapping[str, Any], allowed: set[str]) -> None:
-    from trinity.explorer.openai_api.schema import APIError
+    from trinity.serving.openai_api.schema import APIError
 
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -179,7 +179,7 @@ def _only(body: Mapping[str, Any], allowed: set[str]) -> None:
 
 
 def _string(body: Mapping[str, Any], key: str) -> str | None:
-    from trinity.explorer.openai_api.schema import APIError
+    from trinity.serving.openai_api.schema import APIError
 
     value = body.get(key)
     if value is None:
@@ -191,7 +191,7 @@ def _string(body: Mapping[str, Any], key: str) -> str | None:
 
 def _response_ids(body: Mapping[str, Any]) -> list[str]:
     """``response_id``, ``response_ids`` and ``msg_ids`` (Trinity-RFT's name), together."""
-    from trinity.explorer.openai_api.schema import APIError
+    from trinity.serving.openai_api.schema import APIError
 
     ids: list[str] = []
     single = _string(body, "response_id")
@@ -243,7 +243,7 @@ class ServeJob:
         self.config = config
         self._own_engine = engine is None
         if engine is None:
-            from trinity.explorer.engines import create_engines
+            from trinity.rollout import create_engines
 
             [engine] = create_engines(config.explorer.rollout_model)
         self._writer = writer
@@ -257,7 +257,7 @@ class ServeJob:
 
     def _build(self, config: Config) -> None:
         from trinity.explorer.model_wrapper import ModelWrapper
-        from trinity.explorer.openai_api.server import OpenAIServer
+        from trinity.serving.openai_api.server import OpenAIServer
 
         ex, rm, engine = config.explorer, config.explorer.rollout_model, self.engine
         self.watcher = CheckpointWatcher(engine, config.checkpoint_job_dir)

@@ -180,8 +180,8 @@ def _workflow(config_path: str, output_file: str | None, num_tasks: int, no_serv
 
 def _load_models(config: Config) -> tuple[Any, list[Any]]:
     """The rollout model and the auxiliary models, loaded here with their engines."""
-    from trinity.explorer.engines import create_engines
     from trinity.explorer.model_wrapper import model_wrappers_for
+    from trinity.rollout import create_engines
 
     rollout = config.explorer.rollout_model.model_copy(update={"engine_num": 1})
     click.echo(f"loading {rollout.model_path} ({rollout.engine_type} engine) ...")
@@ -197,7 +197,7 @@ def _load_models(config: Config) -> tuple[Any, list[Any]]:
 def _served_models(config: Config) -> tuple[Any, list[Any]] | None:
     """Wrappers of the models ``inference_model`` serves for this job, or ``None`` (after one
     line saying why, when its file is there but cannot be used)."""
-    from trinity.explorer.remote_model import RemoteModelError, RemoteModelWrapper, probe
+    from trinity.serving.remote_model import RemoteModelError, RemoteModelWrapper, probe
 
     path = server_file(config)
     if not path.is_file():
@@ -248,8 +248,8 @@ def _serve(config: Config, config_path: str, port: int | None) -> None:
     import signal
     import threading
 
-    from trinity.explorer.openai_api.server import OpenAIServer
-    from trinity.explorer.remote_model import build_debug_app, probe
+    from trinity.serving.openai_api.server import OpenAIServer
+    from trinity.serving.remote_model import build_debug_app, probe
 
     path = server_file(config)
     if path.is_file():  # another inference_model of this job still serving?
@@ -319,8 +319,8 @@ def _serve(config: Config, config_path: str, port: int | None) -> None:
 
 def _load_models_for_serving(config: Config, plain: dict[str, Any]) -> tuple[list[Any], list[int]]:
     """The rollout and auxiliary wrappers (servers not started), and the auxiliary models' ports."""
-    from trinity.explorer.engines import create_engines
     from trinity.explorer.model_wrapper import model_wrappers_for
+    from trinity.rollout import create_engines
 
     rollout = config.explorer.rollout_model.model_copy(update={"engine_num": 1, **plain})
     click.echo(f"loading {rollout.model_path} ({rollout.engine_type} engine) ...")

@@ -2,7 +2,7 @@
 
 ``trinity debug --module inference_model`` loads the model once and serves it with
 :func:`build_debug_app`: the usual OpenAI-compatible API (``/v1/...``, see
-:mod:`trinity.explorer.openai_api`) plus a few routes under :data:`DEBUG_ROUTE` that hand out
+:mod:`trinity.serving.openai_api`) plus a few routes under :data:`DEBUG_ROUTE` that hand out
 whole Experiences. ``trinity debug --module workflow`` in another terminal then runs workflows
 against it through :class:`RemoteModelWrapper`, without loading the model again.
 
@@ -130,7 +130,7 @@ def build_debug_app(model: ModelWrapper) -> FastAPI:
     from fastapi import Body
     from fastapi.responses import Response
 
-    from trinity.explorer.openai_api.server import build_app
+    from trinity.serving.openai_api.server import build_app
 
     # Route signatures name only module-level types: with postponed annotations, FastAPI reads
     # them from this module's globals, and fastapi is imported here, not there.

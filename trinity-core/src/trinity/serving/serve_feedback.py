@@ -1,7 +1,7 @@
 """Serve mode's feedback ledger: which served calls belong to which conversation, their rewards,
 and when they go to the experience buffer.
 
-Vocabulary (the HTTP side is :mod:`trinity.explorer.serve`):
+Vocabulary (the HTTP side is :mod:`trinity.serving.serve`):
 
 - A **call** is one completion the server answered, known by the ``id`` the client received
   (``chatcmpl-...``); it holds one Experience per choice.
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from trinity.buffer.base import BufferWriter
     from trinity.experience import Experience
 
-logger = logging.getLogger("trinity.explorer.serve")
+logger = logging.getLogger("trinity.serving.serve")
 
 #: How many committed conversations (and response ids) are remembered for idempotence.
 REMEMBERED_COMMITS = 100_000

@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trinity._lazy import lazy_import
+from trinity.lazy import lazy_import
 from trinity.trainer.batch import position_ids_from_mask
 
 if TYPE_CHECKING:
     import torch
 
-    from trinity.explorer.engines.lean_decoding import LeanDecoder
+    from trinity.rollout.lean_decoding import LeanDecoder
 else:
     torch = lazy_import("torch")
 

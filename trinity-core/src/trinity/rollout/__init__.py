@@ -1,4 +1,4 @@
-"""Rollout engines; see :mod:`trinity.explorer.engines.base` for the interface.
+"""Rollout engines; see :mod:`trinity.rollout.base` for the interface.
 
 :func:`create_engines` builds the ``engine_num`` engines of one ``InferenceModelConfig``
 (the rollout model or an auxiliary model). Engines are imported only when used, so the core
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from trinity.explorer.engines.base import RolloutEngine, SamplingArgs
+from trinity.rollout.base import RolloutEngine, SamplingArgs
 
 if TYPE_CHECKING:
     from trinity.config import InferenceModelConfig
@@ -52,7 +52,7 @@ def create_engines(config: InferenceModelConfig, **engine_kwargs: Any) -> list[R
         raise ValueError("explorer model has no model_path: set model.model_path (or the auxiliary model's)")
     kind = resolve_engine_type(config.engine_type)
     if kind == "transformers":
-        from trinity.explorer.engines.transformers_engine import TransformersEngine
+        from trinity.rollout.transformers_engine import TransformersEngine
 
         return [
             TransformersEngine(
@@ -72,7 +72,7 @@ def create_engines(config: InferenceModelConfig, **engine_kwargs: Any) -> list[R
             for i in range(config.engine_num)
         ]
     if kind == "vllm":
-        from trinity.explorer.engines.vllm_engine import create_vllm_engines
+        from trinity.rollout.vllm_engine import create_vllm_engines
 
         return create_vllm_engines(config, default_sampling_args(config), **engine_kwargs)
     raise ValueError(f"unknown engine_type {config.engine_type!r}; use auto, vllm or transformers")
