@@ -39,16 +39,16 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def student(paths):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
     from trinity.explorer.model_wrapper import ModelWrapper
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     return ModelWrapper(TransformersEngine(paths["student"], dtype="float32", device="cpu", seed=0))
 
 
 @pytest.fixture(scope="module")
 def teacher(paths):
-    from trinity.explorer.engines.transformers_engine import TransformersEngine
     from trinity.explorer.model_wrapper import ModelWrapper
+    from trinity.rollout.transformers_engine import TransformersEngine
 
     return ModelWrapper(TransformersEngine(paths["teacher"], dtype="float32", device="cpu", seed=0))
 
