@@ -20,28 +20,24 @@ Environment:
 from __future__ import annotations
 
 import difflib
-import functools
-import hashlib
 import importlib
 import importlib.metadata as metadata
 import importlib.util
-import json
 import os
-import shlex
 import sys
 import threading
-import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, overload
-from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 import pluggy
 
 from trinity import hookspecs
+from trinity.install_hints import install_hint as install_hint  # re-exported: trinity.plugins.install_hint
+from trinity.install_hints import install_hint_for
+from trinity.plugin_files import describe_exception, dir_module_name, import_file, trace_after, trace_before
 
 if TYPE_CHECKING:
     from click import Command
@@ -72,75 +68,6 @@ CORE_PLUGINS: dict[str, str] = {
 }
 
 
-def _direct_url(distribution: str) -> dict[str, Any]:
-    """The installed distribution's ``direct_url.json`` (PEP 610: where pip installed it from,
-    and whether editable); ``{}`` when it is not installed or came from an index."""
-    try:
-        text = metadata.distribution(distribution).read_text("direct_url.json")
-        return json.loads(text) if text else {}
-    except (metadata.PackageNotFoundError, ValueError):
-        return {}
-
-
-@functools.cache
-def _clone_root() -> Path | None:
-    """The clone of Trinity the running trinity-core was installed from (editable or not, or
-    as a wheel built into a folder of the clone), if it is still there."""
-    here = Path(__file__).resolve()  # <clone>/trinity-core/src/trinity/plugins.py when editable
-    candidates = [here.parents[3]] if len(here.parents) > 3 else []
-    url = _direct_url("trinity-core").get("url", "")
-    if url.startswith("file:"):
-        source = Path(url2pathname(urlparse(url).path))
-        # the distribution's folder (<clone>/trinity-core) or a wheel (<clone>/dist/x.whl)
-        candidates.append(source.parent if source.is_dir() else source.parent.parent)
-    for root in candidates:
-        if (root / "trinity-core" / "pyproject.toml").is_file():
-            return root
-    return None
-
-
-def _install_spec(distribution: str, extra: str | None) -> tuple[str, bool]:
-    """``(pip argument, whether it works from anywhere)`` for a Trinity distribution's folder."""
-    root = _clone_root()
-    folder = root / distribution if root else None
-    if folder is None or not (folder / "pyproject.toml").is_file():
-        spec, located = f"./{distribution}", False
-    else:
-        # relative at the clone's root (where the README's commands run), else absolute
-        spec = f"./{distribution}" if Path.cwd().resolve() == root else str(folder)
-        located = True
-    return shlex.quote(f"{spec}[{extra}]" if extra else spec), located
-
-
-def install_hint(*distributions: str, extra: str | None = None) -> str:
-    """The command that installs Trinity's ``distributions`` (each with ``extra``), for messages.
-
-    No Trinity distribution is on PyPI: they install from their folders in a clone of the
-    repository. When the clone the running trinity-core came from is known, the command works
-    from the current folder (``pip install ./trinity-plugins-math`` at the clone's root, the
-    folder's absolute path elsewhere); otherwise it says where to run it
-    (``pip install ./trinity-plugins-math (from a clone of Trinity)``). An extra of an editable
-    install keeps it editable (``pip install -e './trinity-core[data-juicer]'``).
-    """
-    specs = [_install_spec(dist, extra) for dist in distributions]
-    editable = bool(extra) and all(
-        _direct_url(dist).get("dir_info", {}).get("editable", False) for dist in distributions
-    )
-    command = f"pip install {'-e ' if editable else ''}{' '.join(spec for spec, _ in specs)}"
-    return command if all(ok for _, ok in specs) else f"{command} (from a clone of Trinity)"
-
-
-def _install_hint_for(providers: tuple[tuple[str, str], ...]) -> str:
-    """``pip install A (what), B (what) or C``: any one of several distributions."""
-    if not providers:
-        return ""
-    specs = [_install_spec(dist, None) for dist, _ in providers]
-    items = [spec + (f" ({what})" if what else "") for (spec, _), (_, what) in zip(specs, providers)]
-    listed = items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
-    located = all(ok for _, ok in specs)
-    return f"pip install {listed}" + ("" if located else " (from a clone of Trinity)")
-
-
 @dataclass(frozen=True)
 class Kind:
     """A kind of component: the hook that registers it, the base class it must subclass (or,
@@ -169,7 +96,7 @@ class Kind:
     @property
     def install_hint(self) -> str:
         """How to install the providers (``""`` when there are none), see :func:`install_hint`."""
-        return _install_hint_for(self.providers)
+        return install_hint_for(self.providers)
 
     def base_class(self) -> type:
         module, _, attr = self.base.partition(":")
@@ -286,7 +213,7 @@ class TrinityPluginManager:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self._pm.add_hookspecs(hookspecs)
         if os.environ.get(ENV_TRACE):
-            self._pm.add_hookcall_monitoring(_trace_before, _trace_after)
+            self._pm.add_hookcall_monitoring(trace_before, trace_after)
         self._autoload = autoload
         self._plugin_dirs: list[Path] = []
         self._loaded_dirs: set[Path] = set()
@@ -348,7 +275,7 @@ class TrinityPluginManager:
                 module = ep.load()
             except Exception as exc:  # a broken plugin must not brick the CLI
                 self._infos[name] = PluginInfo(
-                    name, version, "entry-point", error=_describe_exception(exc, f"importing {ep.value}")
+                    name, version, "entry-point", error=describe_exception(exc, f"importing {ep.value}")
                 )
                 continue
             self._add(module, name, version, "entry-point")
@@ -368,12 +295,12 @@ class TrinityPluginManager:
             if _normalise(file.stem) in deny:
                 self._infos[name] = PluginInfo(name, None, "plugin-dir", disabled=f"in {ENV_DISABLE}")
                 continue
-            mod_name = _dir_module_name(file)
+            mod_name = dir_module_name(file)
             try:
-                module = sys.modules.get(mod_name) or _import_file(mod_name, file)
+                module = sys.modules.get(mod_name) or import_file(mod_name, file)
             except Exception as exc:
                 self._infos[name] = PluginInfo(
-                    name, None, "plugin-dir", error=_describe_exception(exc, f"importing {file}")
+                    name, None, "plugin-dir", error=describe_exception(exc, f"importing {file}")
                 )
                 continue
             self._add(module, name, None, "plugin-dir")
@@ -438,7 +365,7 @@ class TrinityPluginManager:
             if isinstance(exc, ComponentRegistrationError):
                 info.error = str(exc)
             else:
-                info.error = _describe_exception(exc, "calling its hooks")
+                info.error = describe_exception(exc, "calling its hooks")
         return info
 
     def _registrar(self, kind: Kind, plugin_name: str, info: PluginInfo):
@@ -539,12 +466,12 @@ class TrinityPluginManager:
             if file.is_file():
                 if rest:
                     raise ImportError(f"{file} is a module, not a package holding {module_name!r}")
-                mod_name = _dir_module_name(file)
-                return sys.modules.get(mod_name) or _import_file(mod_name, file)
+                mod_name = dir_module_name(file)
+                return sys.modules.get(mod_name) or import_file(mod_name, file)
             if package.is_file():
                 loaded = sys.modules.get(top)
                 if loaded is None or Path(getattr(loaded, "__file__", "") or "").resolve() != package:
-                    _import_file(top, package, search=package.parent)
+                    import_file(top, package, search=package.parent)
                 return importlib.import_module(module_name)
         return importlib.import_module(module_name)
 
@@ -586,42 +513,6 @@ class TrinityPluginManager:
 
 def _dist_name(ep: metadata.EntryPoint) -> str:
     return ep.dist.name if ep.dist is not None else ep.name
-
-
-def _dir_module_name(file: Path) -> str:
-    """The ``sys.modules`` name of a plugin-dir file (unique per path, stable across processes)."""
-    digest = hashlib.sha1(str(file).encode()).hexdigest()[:8]
-    return f"trinity_plugin_dir_{digest}_{file.stem}"
-
-
-def _import_file(mod_name: str, file: Path, search: Path | None = None) -> ModuleType:
-    locations = [str(search)] if search is not None else None
-    spec = importlib.util.spec_from_file_location(mod_name, file, submodule_search_locations=locations)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {file}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(mod_name, None)
-        raise
-    return module
-
-
-def _describe_exception(exc: BaseException, doing: str) -> str:
-    tb = traceback.extract_tb(exc.__traceback__)
-    where = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
-    return f"{type(exc).__name__} while {doing}: {exc}{where}"
-
-
-def _trace_before(hook_name: str, hook_impls: list, kwargs: dict) -> None:
-    names = ", ".join(i.plugin_name for i in hook_impls)
-    print(f"[trinity] calling {hook_name} on {names}", file=sys.stderr)
-
-
-def _trace_after(outcome: Any, hook_name: str, hook_impls: list, kwargs: dict) -> None:
-    print(f"[trinity] {hook_name} done", file=sys.stderr)
 
 
 # -- the process-wide manager --------------------------------------------------------------

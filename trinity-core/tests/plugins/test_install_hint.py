@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import trinity
-from trinity import plugins
+from trinity import install_hints
 from trinity.plugins import KINDS, UnknownComponentError, install_hint
 
 REPO = Path(__file__).resolve().parents[3]
@@ -22,8 +22,8 @@ def clone(tmp_path, monkeypatch) -> Path:
     for dist in ("trinity-core", "trinity-plugins-algos", "trinity-plugins-math", "trinity-plugins-webshop", "trinity-plugins-agents"):  # fmt: skip
         (root / dist).mkdir(parents=True)
         (root / dist / "pyproject.toml").write_text("[project]\n")
-    monkeypatch.setattr(plugins, "_clone_root", lambda: root)
-    monkeypatch.setattr(plugins, "_direct_url", lambda dist: {})
+    monkeypatch.setattr(install_hints, "_clone_root", lambda: root)
+    monkeypatch.setattr(install_hints, "_direct_url", lambda dist: {})
     return root
 
 
@@ -51,15 +51,15 @@ def test_elsewhere_the_folder_is_absolute(clone, monkeypatch, tmp_path):
 def test_an_extra_of_an_editable_install_stays_editable(clone, monkeypatch):
     monkeypatch.chdir(clone)
     editable = {"url": f"file://{clone / 'trinity-core'}", "dir_info": {"editable": True}}
-    monkeypatch.setattr(plugins, "_direct_url", lambda dist: editable if dist == "trinity-core" else {})
+    monkeypatch.setattr(install_hints, "_direct_url", lambda dist: editable if dist == "trinity-core" else {})
     assert install_hint("trinity-core", extra="verl") == "pip install -e './trinity-core[verl]'"
     # a distribution not installed yet: a plain install
     assert install_hint("trinity-plugins-math") == "pip install ./trinity-plugins-math"
 
 
 def test_without_a_known_clone_the_hint_says_where_to_run_it(monkeypatch):
-    monkeypatch.setattr(plugins, "_clone_root", lambda: None)  # e.g. installed from a wheel
-    monkeypatch.setattr(plugins, "_direct_url", lambda dist: {})
+    monkeypatch.setattr(install_hints, "_clone_root", lambda: None)  # e.g. installed from a wheel
+    monkeypatch.setattr(install_hints, "_direct_url", lambda dist: {})
     assert (
         install_hint("trinity-plugins-math") == "pip install ./trinity-plugins-math (from a clone of Trinity)"
     )
@@ -87,13 +87,13 @@ def test_unknown_names_hint_the_folders_of_their_kind(clone, monkeypatch):
     reason="trinity-core is not an editable install of this clone",
 )
 def test_the_clone_of_an_editable_install_is_found(monkeypatch):
-    plugins._clone_root.cache_clear()
+    install_hints._clone_root.cache_clear()
     try:
-        assert plugins._clone_root() == REPO
+        assert install_hints._clone_root() == REPO
         monkeypatch.chdir(REPO)
         assert install_hint("trinity-plugins-webshop") == "pip install ./trinity-plugins-webshop"
     finally:
-        plugins._clone_root.cache_clear()
+        install_hints._clone_root.cache_clear()
 
 
 def test_trinity_plugins_without_plugins_says_how_to_install_them(clone, monkeypatch, plugin_manager):
