@@ -230,10 +230,13 @@ def _run_stage(config: Config, start: _Start | None = None) -> StageResult:
 
     if runs(config, "explorer") and config.mode not in ("bench", "serve"):
         from trinity.data.tasks import apply_task_pipeline
+        from trinity.serving.auxiliary import ServedModels
 
         try:
-            # Before any actor starts: the pipeline's output is the explorer's taskset.
-            config = apply_task_pipeline(config)
+            # Before any actor starts: the pipeline's output is the explorer's taskset; the
+            # auxiliary models its operators ask for are served here and stopped afterwards.
+            with ServedModels(config.explorer.auxiliary_models) as served:
+                config = apply_task_pipeline(config, served)
         except (ValueError, OSError) as exc:
             raise JobFailed(f"data_processor.task_pipeline: {exc}") from None
     if runs(config, "explorer") and config.mode != "bench":

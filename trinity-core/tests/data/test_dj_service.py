@@ -24,9 +24,9 @@ from trinity.data import dj_client
 from trinity.data.data_juicer import DataJuicerOperator
 from trinity.data.dj_server import main as server_main
 from trinity.data.operator import OperatorContext
-from trinity.data.served_models import ServedModels
 from trinity.experience import EID, Experience
 from trinity.rollout.base import RolloutEngine, SamplingArgs
+from trinity.serving.auxiliary import ServedModels
 from trinity.testing.tiny_model import build_tokenizer
 
 RECIPE = [
@@ -330,7 +330,8 @@ buffer:
     )
     config = load_config(tmp_path / "job.yaml")  # the model is served when the pipeline runs
     assert not judges
-    folder, counts = run_task_pipeline(config)
+    with ServedModels(config.explorer.auxiliary_models) as served:  # what the launcher passes
+        folder, counts = run_task_pipeline(config, served)
     with open(os.path.join(folder, "train.jsonl")) as f:
         kept = [json.loads(line) for line in f]
     assert [r["question"] for r in kept] == ["twelve apples", "twelve! apples"]
@@ -338,3 +339,14 @@ buffer:
     assert counts["llm_difficulty_score_filter/out_of_range"] == 2.0
     assert len(judges) == 1 and len(judges[0].prompts) == len(rows) and judges[0].shut
     assert "loading auxiliary model 'judge'" in capsys.readouterr().out
+
+    # Without a model server the operator's auxiliary model is one line, never a silent
+    # fall-back to $OPENAI_BASE_URL or an engine loaded by the data processor itself.
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    (tmp_path / "raw.jsonl").write_text(json.dumps({"question": "five apples", "answer": "x"}) + "\n")
+    with pytest.raises(
+        ValueError,
+        match=r"operators\[0\] \(llm_difficulty_score_filter\): auxiliary model 'judge' is not served",
+    ):
+        run_task_pipeline(config)
+    assert len(judges) == 1

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from trinity.buffer.base import BufferWriter
     from trinity.config import Config, OperatorConfig
     from trinity.data.operator import ExperienceOperator, Operator, OperatorContext
+    from trinity.data.served_models import ModelServer
     from trinity.experience import Experience
 
 logger = logging.getLogger(__name__)
@@ -176,10 +177,12 @@ class PipelineWriter:
         return {**self.inner.metrics(), **self.last, "pipeline/dropped_total": float(self.dropped)}
 
 
-def with_experience_pipeline(config: Config, writer: BufferWriter, served: Any = None) -> BufferWriter:
+def with_experience_pipeline(
+    config: Config, writer: BufferWriter, served: ModelServer | None = None
+) -> BufferWriter:
     """``writer`` behind the configured experience pipeline (``writer`` itself when there is none).
 
-    ``served``: a :class:`~trinity.data.served_models.ServedModels` whose auxiliary models the
+    ``served``: a :class:`~trinity.data.served_models.ModelServer` whose auxiliary models the
     operators may call (closed with the pipeline)."""
     pipeline = ExperiencePipeline.from_config(
         config, served.url if served is not None else None, [served] if served is not None else ()

@@ -1,4 +1,5 @@
-"""Auxiliary models served to the data processor's operators on the OpenAI-compatible API.
+"""Auxiliary models served to the data processor's operators on the OpenAI-compatible API: the
+data side (which model a name means, the dry-run placeholder, what a model server offers).
 
 An LLM operator (``llm_difficulty_score_filter``, a Data-Juicer recipe's
 ``llm_quality_score_filter``, ...) names its model with ``api_or_hf_model``. When that name is
@@ -9,21 +10,19 @@ model itself and points the operator at it, so a pipeline needs no second server
 - in the driver (task pipeline, before any actor starts) the model is loaded with its configured
   engine for the pipeline's run and released afterwards.
 
-A model is served only when an operator asks for it (:meth:`ServedModels.url`).
+A model is served only when an operator asks for it. The server itself,
+:class:`trinity.serving.auxiliary.ServedModels`, loads engines and starts OpenAI servers, so it
+lives with serving; the data processor only sees a :class:`ModelServer` (the explorer and the
+launcher pass one in), and ``data/`` imports nothing above it.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from trinity.config import InferenceModelConfig
-    from trinity.explorer.model_wrapper import ModelWrapper
-    from trinity.rollout import RolloutEngine
-
-logger = logging.getLogger(__name__)
 
 
 def find_auxiliary(configs: Sequence[InferenceModelConfig], name: str) -> int | None:
@@ -47,78 +46,13 @@ def dry_run_url(configs: Sequence[InferenceModelConfig]) -> Callable[[str], str 
     return url
 
 
-class ServedModels:
-    """Serves auxiliary models on the OpenAI API on first request; :meth:`close` stops them.
-
-    Args:
-        configs: the ``explorer.auxiliary_models`` entries.
-        engine_for: the engine serving entry ``i`` (the explorer passes its loaded engines);
-            ``None`` loads one engine per requested entry here and shuts it down on close.
-    """
-
-    def __init__(
-        self,
-        configs: Sequence[InferenceModelConfig],
-        engine_for: Callable[[int], RolloutEngine] | None = None,
-    ) -> None:
-        self.configs = list(configs)
-        self._engine_for = engine_for
-        self._owned: list[RolloutEngine] = []
-        self._wrappers: dict[int, ModelWrapper] = {}
+class ModelServer(Protocol):
+    """What the data processor needs of the job's model server
+    (:class:`trinity.serving.auxiliary.ServedModels`)."""
 
     def url(self, name: str) -> str | None:
-        """Base URL (``http://127.0.0.1:PORT/v1``) serving model ``name``; ``None`` when no
-        auxiliary model has that name."""
-        i = find_auxiliary(self.configs, name)
-        if i is None:
-            return None
-        if i not in self._wrappers:
-            self._wrappers[i] = self._serve(i)
-        return self._wrappers[i].openai_base_url
-
-    def _serve(self, i: int) -> ModelWrapper:
-        from trinity.explorer.model_wrapper import model_wrappers_for
-
-        aux = self.configs[i]
-        label = aux.name or f"auxiliary_{i}"
-        if self._engine_for is not None:
-            engine = self._engine_for(i)
-        else:
-            from trinity.rollout import create_engines
-
-            print(
-                f"[trinity] loading auxiliary model {label!r} ({aux.model_path}) for the data processor",
-                flush=True,
-            )
-            [engine] = create_engines(aux.model_copy(update={"engine_num": 1}))
-            self._owned.append(engine)
-        # A wrapper of its own (no history): the operators' calls never mix with a workflow's.
-        [wrapper] = model_wrappers_for(
-            aux.model_copy(update={"enable_history": False, "enable_openai_api": False, "base_port": None}),
-            [engine],
-            name=label,
-        )
-        url = wrapper.start_openai_server()
-        logger.info("data processor: auxiliary model %r served at %s", label, url)
-        return wrapper
+        """Base URL (``.../v1``) serving auxiliary model ``name`` (started on first request);
+        ``None`` when no auxiliary model has that name."""
 
     def close(self) -> None:
-        for wrapper in self._wrappers.values():
-            wrapper.close()
-        self._wrappers.clear()
-        for engine in self._owned:
-            _shutdown(engine)
-        self._owned.clear()
-
-    def __enter__(self) -> ServedModels:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def _shutdown(engine: Any) -> None:
-    try:
-        engine.shutdown()
-    except Exception as exc:  # releasing is best effort; the pipeline's result stands
-        logger.warning("could not shut down an auxiliary engine: %r", exc)
+        """Stop what was started."""

@@ -13,7 +13,8 @@ instead of recomputing it (LLM scoring can take hours).
 (:mod:`trinity.data.priority`). ``config_path`` (a Data-Juicer recipe) replaces ``operators`` with one ``data_juicer`` operator
 running that recipe, as in Trinity-RFT. An operator scoring with one of
 ``explorer.auxiliary_models`` gets that model served here, in the driver, for the pipeline's
-run (:mod:`trinity.data.served_models`).
+run: the caller passes the job's model server (the launcher passes
+:class:`trinity.serving.auxiliary.ServedModels`; see :mod:`trinity.data.served_models`).
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trinity.config import Config
+    from trinity.config import Config, InferenceModelConfig
     from trinity.config.sections.data import OperatorConfig, TaskPipelineConfig
     from trinity.data.operator import TaskOperator
+    from trinity.data.served_models import ModelServer
 
 logger = logging.getLogger(__name__)
 
@@ -106,12 +109,16 @@ def task_operators(tp: TaskPipelineConfig) -> list[OperatorConfig]:
     return list(tp.operators)
 
 
-def run_task_pipeline(config: Config) -> tuple[str, dict[str, float]] | None:
+def run_task_pipeline(
+    config: Config, served: ModelServer | None = None
+) -> tuple[str, dict[str, float]] | None:
     """Run ``config``'s task pipeline (or reuse its cached output); returns the output folder and
-    the pipeline's counts, or ``None`` when there is no task pipeline to run."""
+    the pipeline's counts, or ``None`` when there is no task pipeline to run.
+
+    ``served`` serves the ``explorer.auxiliary_models`` an operator asks for (the caller closes
+    it); without it an operator naming one of them fails with one line."""
     from trinity.data.operator import TaskOperator
     from trinity.data.pipeline import bind_operators, build_operator, operator_context
-    from trinity.data.served_models import ServedModels
 
     tp = config.data_processor.task_pipeline if config.data_processor else None
     if tp is None or not task_operators(tp):
@@ -141,17 +148,17 @@ def run_task_pipeline(config: Config) -> tuple[str, dict[str, float]] | None:
     ]
     rows, skipped = read_inputs(inputs, list(tp.target_fields), split)
     counts: dict[str, float] = {"input_rows": float(len(rows) + skipped), "skipped_rows": float(skipped)}
-    with ServedModels(config.explorer.auxiliary_models) as served:
-        bind_operators(ops, operator_context(config, served.url), key)
-        try:
-            for name, op in ops:
-                before = len(rows)
-                rows, metrics = _run_batches(op, rows, tp.num_process)  # type: ignore[arg-type]
-                counts[f"{name}/dropped"] = float(before - len(rows))
-                counts.update({f"{name}/{k}": float(v) for k, v in metrics.items()})
-        finally:
-            for _, op in ops:
-                op.close()
+    model_url = served.url if served is not None else _not_served(config.explorer.auxiliary_models)
+    bind_operators(ops, operator_context(config, model_url), key)
+    try:
+        for name, op in ops:
+            before = len(rows)
+            rows, metrics = _run_batches(op, rows, tp.num_process)  # type: ignore[arg-type]
+            counts[f"{name}/dropped"] = float(before - len(rows))
+            counts.update({f"{name}/{k}": float(v) for k, v in metrics.items()})
+    finally:
+        for _, op in ops:
+            op.close()
     if tp.priority_weights:
         from trinity.data.priority import order_by_priority
 
@@ -177,10 +184,26 @@ def run_task_pipeline(config: Config) -> tuple[str, dict[str, float]] | None:
     return folder, counts
 
 
-def apply_task_pipeline(config: Config) -> Config:
+def _not_served(configs: Sequence[InferenceModelConfig]) -> Callable[[str], str | None]:
+    """``model_url`` without a model server: an auxiliary model's name is an error, not a
+    silent fall-back to ``$OPENAI_BASE_URL``."""
+    from trinity.data.served_models import find_auxiliary
+
+    def url(name: str) -> str | None:
+        if find_auxiliary(configs, name) is not None:
+            raise ValueError(
+                f"auxiliary model {name!r} is not served in this process (the task pipeline was run "
+                "without a model server)"
+            )
+        return None
+
+    return url
+
+
+def apply_task_pipeline(config: Config, served: ModelServer | None = None) -> Config:
     """``config`` with its output taskset reading the task pipeline's output (run or reused);
-    ``config`` itself when it has no task pipeline."""
-    result = run_task_pipeline(config)
+    ``config`` itself when it has no task pipeline. ``served``: see :func:`run_task_pipeline`."""
+    result = run_task_pipeline(config, served)
     if result is None:
         return config
     folder, counts = result

@@ -212,7 +212,7 @@ class Explorer:
         if self._writer is None:
             from trinity.buffer.factory import get_buffer_writer, run_name
             from trinity.data.pipeline import with_experience_pipeline
-            from trinity.data.served_models import ServedModels
+            from trinity.serving.auxiliary import ServedModels
 
             buffer = self.config.buffer
             writer = get_buffer_writer(
