@@ -84,12 +84,13 @@ def run_job(root: Path, name: str, steps: int, **params: object) -> dict[str, fl
     """Run one job; steps/s and experiences/s of its step loop."""
     from trinity import launcher
     from trinity.config import load_config
+    from trinity.step_loop import StepLoop
 
     path = root / f"{name}.yaml"
     path.write_text(textwrap.dedent(CONFIG.format(root=root, name=name, steps=steps, **params)))
     config = load_config(path)
     seen: dict[str, float] = {"experiences": 0.0}
-    loop_cls = launcher._StepLoop
+    loop_cls = StepLoop
     run, explored = loop_cls.run, loop_cls.explored
 
     def timed_run(self):
@@ -99,12 +100,13 @@ def run_job(root: Path, name: str, steps: int, **params: object) -> dict[str, fl
         seen["train_steps"] = float(self.trainer_step)
         return result
 
-    def counting(self, metrics):
+    def counting(self, result):
+        metrics = result.metrics
         seen["experiences"] += float(metrics.get("rollout/num_experiences", 0.0))
         seen["dropped"] = seen.get("dropped", 0.0) + float(
             metrics.get("rollout/over_rollout/dropped_tasks", 0.0)
         )
-        return explored(self, metrics)
+        return explored(self, result)
 
     loop_cls.run, loop_cls.explored = timed_run, counting
     try:

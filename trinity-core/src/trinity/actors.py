@@ -18,6 +18,7 @@ import ray
 
 if TYPE_CHECKING:
     from trinity.config import Config
+    from trinity.job import ExploreStepResult, TrainStepResult
     from trinity.sync.group import GroupSpec
 
 
@@ -96,17 +97,23 @@ class ExplorerActor:
     def model_version(self) -> int:
         return self.explorer.model_version
 
-    def explore_step(self) -> dict[str, float] | None:
+    def explore_step(self) -> ExploreStepResult | None:
+        """One explore step's metrics and failure line; ``None`` once the taskset is exhausted."""
+        from trinity.explorer.explorer import FAILURES_KEY
+        from trinity.job import ExploreStepResult
+
         metrics = self.explorer.explore_step()
-        if metrics is not None:
-            state = {
-                "step": self.explorer.explore_step_num,
-                "taskset": self.explorer.taskset_reader.state_dict(),
-            }
-            tmp = self.state_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(state))
-            tmp.replace(self.state_file)  # atomic: a crash never leaves half a state file
-        return metrics
+        if metrics is None:
+            return None
+        state = {
+            "step": self.explorer.explore_step_num,
+            "taskset": self.explorer.taskset_reader.state_dict(),
+        }
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.state_file)  # atomic: a crash never leaves half a state file
+        failures = metrics.pop(FAILURES_KEY, None)
+        return ExploreStepResult(metrics, failures)
 
     def eval(self) -> dict[str, float]:
         return self.explorer.eval()
@@ -174,13 +181,15 @@ class TrainerActor:
         """The experience reader's state (what the driver gives back after an interrupt)."""
         return self.trainer.experience_reader.state_dict()
 
-    def train_step(self) -> dict[str, Any] | None:
-        from trinity.launcher import READER_POSITION_KEY
+    def train_step(self) -> TrainStepResult | None:
+        """One train step's metrics and the reader's position after it; ``None`` once no more
+        experiences will come."""
+        from trinity.job import TrainStepResult
 
         metrics = self.trainer.train_step()
-        if metrics is not None:
-            metrics[READER_POSITION_KEY] = self.reader_position()
-        return metrics
+        if metrics is None:
+            return None
+        return TrainStepResult(metrics, self.reader_position())
 
     def get_weights(self) -> tuple[dict[str, Any], int]:
         from trinity.sync.memory import to_wire

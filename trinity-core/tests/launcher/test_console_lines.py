@@ -12,7 +12,7 @@ import yaml
 
 from trinity import launcher
 from trinity.config import load_config, stage_configs
-from trinity.launcher import _StepLoop, sync_method_set_for
+from trinity.step_loop import StepLoop, sync_method_set_for
 from trinity.sync import Synchronizer
 
 from .test_sync_styles import FakeExplorer, FakeRay, FakeTrainer, FakeTransport, Monitor, _config
@@ -73,7 +73,7 @@ def test_a_train_stage_inheriting_the_jobs_sync_method_is_not_warned_about(tmp_p
         if stage is not None:
             config._sync_for_other_stages = stage._sync_for_other_stages
         monitors = {"explorer": Monitor(), "trainer": Monitor()}
-        loop = _StepLoop(
+        loop = StepLoop(
             ray,
             config,
             None,
@@ -128,7 +128,7 @@ def test_evals_reach_the_trainers_console_bar(tmp_path, monkeypatch):
     monkeypatch.setattr("trinity.sync.make_transport", lambda method, r, e, t, s: FakeTransport(ray, e, t))
     console = Console()
     monitors = {"explorer": Monitor(), "trainer": Group(Monitor(), console)}
-    _StepLoop(ray, config, explorer, trainer, Synchronizer.from_config(config.synchronizer), monitors).run()
+    StepLoop(ray, config, explorer, trainer, Synchronizer.from_config(config.synchronizer), monitors).run()
     evals = [(step, m) for step, m in monitors["explorer"].logged if "eval/x/accuracy" in m]
     assert evals and console.evals == evals
     assert console.evals[0] == (2, {"eval/x/accuracy": 0.5})
@@ -154,7 +154,7 @@ def test_the_closing_line_comes_after_the_bars_final_state(tmp_path, capsys):
     config = _config(tmp_path, method="checkpoint", mode="train", steps=3)
     bar = ConsoleMonitor("trainer", total_steps=3, stream=Terminal(), fields=("loss",))
     monitors = {"explorer": Monitor(), "trainer": Group(bar)}
-    _StepLoop(
+    StepLoop(
         ray, config, None, FakeTrainer(ray, 1, None), Synchronizer.from_config(config.synchronizer), monitors
     ).run()
     assert bar._line is None  # ended by the loop before its closing line

@@ -74,15 +74,32 @@ def test_keys_interpolated_from_the_model_path_follow_it(tmp_path):
     assert rl.checkpoint_job_dir.endswith("/p/n/rl")  # everything else resolved as before
 
 
-def test_an_interrupt_whose_raise_was_swallowed_still_stops_the_step_loop():
+def test_an_interrupt_whose_raise_was_swallowed_still_stops_the_step_loop(tmp_path):
     # Ray can run the signal handler inside a callback that drops the KeyboardInterrupt; the
     # flag it sets is what the step loop checks.
     from trinity import launcher
+    from trinity.step_loop import StepLoop
+    from trinity.sync import Synchronizer
+
+    from .test_sync_styles import FakeRay, FakeTrainer, Monitor, _config
+
+    def train_only_loop():
+        ray = FakeRay()
+        config = _config(tmp_path, method="checkpoint", mode="train", steps=2)
+        monitors = {"explorer": Monitor(), "trainer": Monitor()}
+        trainer = FakeTrainer(ray, 1, None)
+        synchronizer = Synchronizer.from_config(config.synchronizer)
+        return StepLoop(ray, config, None, trainer, synchronizer, monitors, launcher._INTERRUPTED), trainer
 
     launcher._INTERRUPTED.clear()
-    launcher._check_interrupted()  # no interrupt: nothing happens
+    loop, trainer = train_only_loop()
+    assert loop.run().trainer_steps == 2  # no interrupt: the loop runs to its end
     with contextlib.suppress(KeyboardInterrupt):  # swallowed, as a callback in Ray's core would
         launcher._interrupt(signal.SIGINT, None)
-    with pytest.raises(KeyboardInterrupt):
-        launcher._check_interrupted()
-    launcher._INTERRUPTED.clear()
+    loop, trainer = train_only_loop()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run()
+        assert trainer.step == 0  # stopped before its first step
+    finally:
+        launcher._INTERRUPTED.clear()

@@ -1,6 +1,6 @@
 """Each ``synchronizer.sync_style`` by the order of events it produces.
 
-The real launcher ``_StepLoop`` drives a fake explorer and a fake trainer through a fake
+The real ``StepLoop`` (:mod:`trinity.step_loop`) drives a fake explorer and a fake trainer through a fake
 ``ray`` on a virtual clock: a call takes its actor's step duration, an actor runs one call at a
 time (as a Ray actor does), and trainer step ``t`` cannot end before explorer step ``t`` wrote
 its experiences. The weight transport checks that a sync only happens while neither actor is
@@ -16,9 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from trinity import launcher
+from trinity import step_loop
 from trinity.config.geometry import BatchGeometry
-from trinity.launcher import JobFailed, _StepLoop
+from trinity.job import ExploreStepResult, JobFailed, TrainStepResult
+from trinity.step_loop import StepLoop
 from trinity.sync import Synchronizer
 from trinity.trainer.checkpoint import LATEST_FILE, STATE_FILE, checkpoint_dir
 
@@ -97,8 +98,9 @@ class FakeExplorer(FakeActor):
                 return self.submit(0, None)
             self.step += 1
             metrics = {"rollout/num_experiences": 4.0, "rollout/model_version": float(self.version)}
+            result = ExploreStepResult(metrics)
             duration = self.slow.get(self.step, self.step_s)
-            ref = self.submit(duration, metrics, f"explore {self.step} (v{self.version})")
+            ref = self.submit(duration, result, f"explore {self.step} (v{self.version})")
             self.step_end[self.step] = ref.end
             self.busy.append((ref.end - duration, ref.end))
             return ref
@@ -134,9 +136,7 @@ class FakeTrainer(FakeActor):
             self.busy_until = start + self.step_s
             self.busy.append((start, self.busy_until))
             self.ray.event(self.busy_until, f"train {self.step}")
-            return Ref(
-                self.busy_until, {"actor/loss": 0.0, launcher.READER_POSITION_KEY: {}}, next(self.ray.seq)
-            )
+            return Ref(self.busy_until, TrainStepResult({"actor/loss": 0.0}, {}), next(self.ray.seq))
         if name == "save_weights":
             self.saved.append(self.step)
             return self.submit(0, (f"/ckpt/global_step_{self.step}", self.step), f"save {self.step}")
@@ -220,7 +220,7 @@ def _run(tmp_path, monkeypatch, *, explore_s, train_s, slow=(), eval_s=0.0, acto
         actors.extend([explorer, trainer])
     monkeypatch.setattr("trinity.sync.make_transport", lambda method, r, e, t, s: FakeTransport(ray, e, t))
     monitors = {"explorer": Monitor(), "trainer": Monitor()}
-    loop = _StepLoop(ray, config, explorer, trainer, Synchronizer.from_config(config.synchronizer), monitors)
+    loop = StepLoop(ray, config, explorer, trainer, Synchronizer.from_config(config.synchronizer), monitors)
     result = loop.run()
     assert (result.explorer_steps, result.trainer_steps, result.shortfall) == (
         config.buffer.total_steps,
@@ -396,7 +396,7 @@ def _explore_only(tmp_path, monkeypatch, **kw):
     config = _config(tmp_path, method="checkpoint", mode="explore", **kw)
     explorer = FakeExplorer(ray, 1, config.buffer.total_steps)
     monitors = {"explorer": Monitor(), "trainer": Monitor()}
-    loop = _StepLoop(ray, config, explorer, None, Synchronizer.from_config(config.synchronizer), monitors)
+    loop = StepLoop(ray, config, explorer, None, Synchronizer.from_config(config.synchronizer), monitors)
     return ray, loop, monitors
 
 
@@ -423,8 +423,8 @@ def test_explore_only_fixed_waits_for_the_needed_checkpoint(tmp_path, monkeypatc
         if len(polls) == 3:
             _checkpoint(tmp_path, 2)
 
-    monkeypatch.setattr(launcher.time, "sleep", sleep)
-    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(step_loop.time, "sleep", sleep)
+    monkeypatch.setattr(step_loop.time, "monotonic", lambda: clock[0])
     loop.run()
     assert ray.ordered() == [
         "explore 1 (v0)", "load global_step_1", "explore 2 (v1)", "load global_step_2", "explore 3 (v2)"
@@ -438,8 +438,8 @@ def test_explore_only_fixed_gives_up_after_sync_timeout(tmp_path, monkeypatch, c
     _train_job_runs(tmp_path)
     ray, loop, _ = _explore_only(tmp_path, monkeypatch, style="fixed", steps=3, timeout=1)
     clock = [0.0]
-    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(launcher.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(step_loop.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(step_loop.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     loop.run()
     assert ray.ordered() == ["explore 1 (v0)", "load global_step_1", "explore 2 (v1)", "explore 3 (v1)"]
     err = capsys.readouterr().err
@@ -454,7 +454,7 @@ def test_an_explore_job_on_its_own_never_waits_for_a_trainer(tmp_path, monkeypat
     if checkpoint:
         _checkpoint(tmp_path, checkpoint)
     ray, loop, _ = _explore_only(tmp_path, monkeypatch, style="fixed", steps=5)
-    monkeypatch.setattr(launcher.time, "sleep", lambda s: pytest.fail("the explorer waited"))
+    monkeypatch.setattr(step_loop.time, "sleep", lambda s: pytest.fail("the explorer waited"))
     loop.run()
     v = checkpoint or 0
     assert ray.ordered() == [
@@ -480,8 +480,8 @@ def test_the_first_sync_waits_for_a_running_train_job_before_any_checkpoint(tmp_
         if len(polls) == 10:
             _checkpoint(tmp_path, 4)
 
-    monkeypatch.setattr(launcher.time, "sleep", sleep)
-    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(step_loop.time, "sleep", sleep)
+    monkeypatch.setattr(step_loop.time, "monotonic", lambda: clock[0])
     loop.run()
     assert ray.ordered() == [
         "explore 1 (v0)", "explore 2 (v0)", "load global_step_2",
@@ -507,8 +507,8 @@ def test_a_killed_train_job_is_waited_for_a_grace_then_the_explorer_goes_on(tmp_
         clock[0] += seconds
         _train_job_runs(tmp_path, pid=pid, age=clock[0])  # its heartbeat ages with the clock
 
-    monkeypatch.setattr(launcher.time, "sleep", sleep)
-    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(step_loop.time, "sleep", sleep)
+    monkeypatch.setattr(step_loop.time, "monotonic", lambda: clock[0])
     loop.run()
     assert ray.ordered() == ["explore 1 (v0)", "explore 2 (v0)", "explore 3 (v0)", "explore 4 (v0)"]
     assert GONE_GRACE_S <= clock[0] < GONE_GRACE_S + 5  # waited the grace once, not per sync step
@@ -530,8 +530,8 @@ def test_a_restarted_train_job_ends_the_grace_and_its_checkpoint_is_loaded(tmp_p
         if len(polls) == 6:
             _checkpoint(tmp_path, 2)
 
-    monkeypatch.setattr(launcher.time, "sleep", sleep)
-    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(step_loop.time, "sleep", sleep)
+    monkeypatch.setattr(step_loop.time, "monotonic", lambda: clock[0])
     loop.run()
     assert ray.ordered() == ["explore 1 (v0)", "explore 2 (v0)", "load global_step_2", "explore 3 (v2)"]
     assert len(polls) == 6
@@ -559,8 +559,8 @@ def test_a_restarted_explorer_first_loads_what_its_last_sync_point_needed(
         if len(polls) == 3:
             _checkpoint(tmp_path, 4)
 
-    monkeypatch.setattr(launcher.time, "sleep", sleep)
-    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(step_loop.time, "sleep", sleep)
+    monkeypatch.setattr(step_loop.time, "monotonic", lambda: clock[0])
     loop.run()
     first = ray.ordered()[0]
     if loaded is None:  # before its first sync point: nothing to catch up on
@@ -583,8 +583,8 @@ def test_a_train_job_that_ended_is_not_waited_for(tmp_path, monkeypatch, capsys)
         clock[0] += seconds
         (tmp_path / FILE).unlink(missing_ok=True)
 
-    monkeypatch.setattr(launcher.time, "sleep", sleep)
-    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(step_loop.time, "sleep", sleep)
+    monkeypatch.setattr(step_loop.time, "monotonic", lambda: clock[0])
     loop.run()
     assert ray.ordered() == ["explore 1 (v0)", "explore 2 (v0)", "explore 3 (v0)"]
     assert clock[0] <= 1.0
@@ -596,7 +596,7 @@ def test_train_only_saves_a_checkpoint_every_trainer_sync_interval(tmp_path, mon
     config = _config(tmp_path, method="checkpoint", mode="train", steps=5, interval=2)
     trainer = FakeTrainer(ray, 1, None)
     monitors = {"explorer": Monitor(), "trainer": Monitor()}
-    _StepLoop(ray, config, None, trainer, Synchronizer.from_config(config.synchronizer), monitors).run()
+    StepLoop(ray, config, None, trainer, Synchronizer.from_config(config.synchronizer), monitors).run()
     assert trainer.saved == [2, 4]
     assert ray.ordered()[:5] == ["train 1", "train 2", "save 2", "train 3", "train 4"]
 
@@ -610,7 +610,7 @@ def test_a_lead_no_train_step_can_close_fails_with_a_message(tmp_path, monkeypat
     trainer = FakeTrainer(ray, 1, explorer)
     monkeypatch.setattr("trinity.sync.make_transport", lambda method, r, e, t, s: FakeTransport(ray, e, t))
     monitors = {"explorer": Monitor(), "trainer": Monitor()}
-    loop = _StepLoop(ray, config, explorer, trainer, Synchronizer.from_config(config.synchronizer), monitors)
+    loop = StepLoop(ray, config, explorer, trainer, Synchronizer.from_config(config.synchronizer), monitors)
     with pytest.raises(JobFailed, match=r"wait for each other.*raise synchronizer\.sync_offset"):
         loop.run()
 
@@ -632,7 +632,7 @@ def test_explore_only_nccl_fixed_waits_for_the_train_jobs_broadcast(tmp_path, mo
     ray = FakeRay()
     config = _config(tmp_path, method="nccl", mode="explore", style="fixed", interval=2, steps=4)
     explorer = BroadcastExplorer(ray, 1, 4)
-    loop = _StepLoop(ray, config, explorer, None, Synchronizer.from_config(config.synchronizer), {
+    loop = StepLoop(ray, config, explorer, None, Synchronizer.from_config(config.synchronizer), {
         "explorer": Monitor(), "trainer": Monitor()
     })  # fmt: skip
     polls, clock = [], [0.0]
@@ -643,8 +643,8 @@ def test_explore_only_nccl_fixed_waits_for_the_train_jobs_broadcast(tmp_path, mo
         if len(polls) == 3:
             explorer.version = 2
 
-    monkeypatch.setattr(launcher.time, "sleep", sleep)
-    monkeypatch.setattr(launcher.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(step_loop.time, "sleep", sleep)
+    monkeypatch.setattr(step_loop.time, "monotonic", lambda: clock[0])
     loop.run()
     assert ray.ordered() == ["explore 1 (v0)", "explore 2 (v0)", "explore 3 (v2)", "explore 4 (v2)"]
     out = capsys.readouterr().out
@@ -686,7 +686,7 @@ def test_train_only_nccl_broadcasts_to_the_explorer_job_while_it_runs(tmp_path, 
     config = _config(tmp_path, method="nccl", mode="train", steps=6, interval=2)
     config.ray_namespace = "proj/job"
     trainer = FakeTrainer(ray, 1, None)
-    loop = _StepLoop(ray, config, None, trainer, Synchronizer.from_config(config.synchronizer), {
+    loop = StepLoop(ray, config, None, trainer, Synchronizer.from_config(config.synchronizer), {
         "explorer": Monitor(), "trainer": Monitor()
     })  # fmt: skip
     real = loop.trained

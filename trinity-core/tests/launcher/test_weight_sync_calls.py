@@ -1,5 +1,5 @@
 """The launcher's side of weight sync: it opens the stage's transport (logging what it chose),
-syncs and closes through :func:`trinity.launcher._sync`, which turns a transport's
+syncs and closes through :func:`trinity.step_loop._sync`, which turns a transport's
 :class:`WeightSyncFailed` (naming every side's error; see tests/sync/test_transport.py) into a
 :class:`JobFailed` with the same message."""
 
@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trinity.launcher import JobFailed, _open_weight_sync, _sync
+from trinity.job import JobFailed
+from trinity.step_loop import _open_weight_sync, _sync
 from trinity.sync.transport import WeightSyncFailed
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trinity.config import SynchronizerConfig
-from trinity.sync import Synchronizer
+from trinity.sync import SyncDecision, Synchronizer
 
 
 def _simulate(sync: Synchronizer, explore_steps: int, trainer_speed: int = 1):
@@ -170,3 +170,26 @@ def test_a_resumed_explore_job_catches_up_on_its_last_sync_point():
     driven = Synchronizer(2, 0, "explorer_driven")
     assert driven.checkpoint_decision(3, 2, 0, resumed=True).action == "sync"
     assert driven.checkpoint_decision(3, 0, 0, resumed=True).action == "run"  # never waits
+
+
+def test_once_the_trainer_is_done_the_explorer_loads_its_last_version_and_never_waits():
+    for style in ("fixed", "explorer_driven", "trainer_driven", "fully_async"):
+        sync = Synchronizer(2, 0, style)
+        # Step 2 is a sync point and 5 is past the lead: without trainer_done, fixed would wait.
+        assert sync.explorer_decision(2, 3, 0, trainer_done=True) == SyncDecision(
+            "sync", 3, "the trainer finished"
+        )
+        assert sync.explorer_decision(5, 3, 3, trainer_done=True).action == "run"
+    assert Synchronizer(2, 0).explorer_decision(5, 3, 3).action == "wait"
+
+
+def test_broadcast_decision_of_explore_only_jobs():
+    """An explore job whose train job broadcasts into it only ever waits in ``fixed`` style, at a
+    sync step, for the version that step needs."""
+    fixed = Synchronizer(2, 1)
+    assert fixed.broadcast_decision(2, 0).action == "run"  # not a sync step
+    assert fixed.broadcast_decision(3, 0) == SyncDecision("wait", 2, "sync step: needs version 2")
+    assert fixed.broadcast_decision(3, 2).action == "run"  # holds it
+    assert fixed.broadcast_decision(3, 4).action == "run"  # holds a newer one
+    for style in ("explorer_driven", "trainer_driven", "fully_async"):
+        assert Synchronizer(2, 1, style).broadcast_decision(3, 0).action == "run"

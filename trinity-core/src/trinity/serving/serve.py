@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from trinity.config import Config
     from trinity.experience import Experience
     from trinity.explorer.model_wrapper import ModelWrapper
-    from trinity.launcher import StageResult
+    from trinity.job import StageResult
     from trinity.rollout.base import RolloutEngine
     from trinity.serving.openai_api.server import CallContext, OpenAIServer
 
@@ -336,7 +336,7 @@ class ServeJob:
 
 def run_serve(config: Config) -> StageResult:
     """Serve until SIGINT or SIGTERM; the launcher's ``run_stage`` hands ``mode: serve`` here."""
-    from trinity.launcher import StageResult
+    from trinity.job import StageResult
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -346,7 +346,7 @@ def run_serve(config: Config) -> StageResult:
             job = ServeJob(config)
             job.start()
         except (OSError, ValueError, RuntimeError) as exc:  # port taken, bad buffer...: one line
-            from trinity.launcher import JobFailed
+            from trinity.job import JobFailed
 
             raise JobFailed(f"serve: {exc}") from exc
         interval = config.explorer.service_status_check_interval

@@ -6,6 +6,8 @@
   which the launcher calls;
 - :mod:`trinity.sync.trainer_job`: the heartbeat by which a decoupled explore job knows that
   its train job runs (and whether to wait for the checkpoint it needs);
+- :mod:`trinity.sync.explore_job`: ``ExploreJobSync``, a decoupled explore job's waits for its
+  train job's weights (how long, when it gives up), which the step loop performs;
 - :mod:`trinity.sync.memory`: the trainer's weights packed as CPU tensors (``memory``);
 - :mod:`trinity.sync.broadcast`: ``WeightSender`` (trainer, rank 0) and ``WeightReceiver``
   (each rollout rank) broadcasting over the group of :mod:`trinity.sync.group` (``GroupSpec``,

@@ -35,7 +35,10 @@ trainer happens to be too (when the trainer waits for data, or the explorer for 
 ``dynamic`` (accepted from older configs) means ``fully_async``.
 
 Explore-only jobs (``mode: explore``, the trainer in another process) see the trainer's
-progress only as the newest checkpoint in the job dir: :meth:`Synchronizer.checkpoint_decision`.
+progress only as the newest checkpoint in the job dir (:meth:`Synchronizer.checkpoint_decision`)
+or, with ``sync_method: nccl``, as the version the train job broadcast into their explorer
+(:meth:`Synchronizer.broadcast_decision`); how long they wait for it, and when they give up,
+is :class:`trinity.sync.explore_job.ExploreJobSync`'s to decide.
 """
 
 from __future__ import annotations
@@ -134,13 +137,23 @@ class Synchronizer:
         return trainer_step > 0 and trainer_step % self.trainer_sync_interval == 0
 
     def explorer_decision(
-        self, explorer_step: int, trainer_step: int, explorer_version: int, trainer_busy: bool = False
+        self,
+        explorer_step: int,
+        trainer_step: int,
+        explorer_version: int,
+        trainer_busy: bool = False,
+        trainer_done: bool = False,
     ) -> SyncDecision:
         """What the explorer does after ``explorer_step`` finished steps, the trainer having
         finished ``trainer_step`` (and running one more when ``trainer_busy``) and the explorer
         holding weights ``explorer_version``. ``sync`` is only answered while the trainer is
-        not busy."""
+        not busy. Once the trainer is done (``trainer_done``) no more versions will come: the
+        explorer loads the last one if it does not hold it, and never waits."""
         e, t, v = explorer_step, trainer_step, explorer_version
+        if trainer_done:
+            if t > v:
+                return SyncDecision("sync", t, "the trainer finished")
+            return SyncDecision("run", v, "the trainer finished")
         style = self.sync_style
         if style == "fixed" and self.is_sync_step(e):
             target = e - self.sync_offset
@@ -200,6 +213,19 @@ class Synchronizer:
         if c > v:
             return SyncDecision("sync", c, f"load checkpoint of step {c}")
         return SyncDecision("run", v, "no newer checkpoint")
+
+    def broadcast_decision(self, explorer_step: int, explorer_version: int) -> SyncDecision:
+        """Explore-only jobs whose train job broadcasts its weights into their explorer
+        (``sync_method: nccl`` across a decoupled pair): the weights arrive by themselves, so
+        the explorer only ever waits, in ``fixed`` style at a sync step for the version it
+        needs (the caller bounds the wait by ``synchronizer.sync_timeout``)."""
+        e, v = explorer_step, explorer_version
+        if self.sync_style != "fixed" or not self.is_sync_step(e):
+            return SyncDecision("run", v, "not a sync step")
+        target = e - self.sync_offset
+        if v >= target:
+            return SyncDecision("run", v, f"holds version {v}")
+        return SyncDecision("wait", target, f"sync step: needs version {target}")
 
 
 __all__ = ["ALIASES", "SyncDecision", "Synchronizer"]
