@@ -224,16 +224,19 @@ def _load_config_or_exit(config_path: str):
 
 
 def _check_paths_or_exit(config, *, network: bool) -> None:
-    """The models and files the job reads are there (:mod:`trinity.config.paths`), checked
+    """The models and files the job reads are there (:mod:`trinity.config.paths`) and the data
+    processor's operators get what they need from the job (:mod:`trinity.data.checks`), checked
     before Ray starts: otherwise one line and exit 2, like any config error."""
     from trinity.config import ConfigError, stage_configs
     from trinity.config.paths import check_paths
+    from trinity.data.checks import check_operator_needs
 
     names = [stage.stage_name for stage in config.stages]
     try:
         for index, stage in enumerate(stage_configs(config)):
             try:
                 # A later stage starts from the previous stage's weights, not model.model_path.
+                check_operator_needs(stage)
                 check_paths(stage, network=network, model_path=index == 0)
             except ConfigError as exc:
                 if not names:

@@ -28,13 +28,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trinity.config import Config
 
+from trinity.config.ray_address import resolve_address
+
 logger = logging.getLogger("trinity.cluster")
 
 #: Environment variables (besides ``TRINITY_*``) that travel to every actor of the job.
 TRAVELLING_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS")
-
-#: Values of ``cluster.ray_address`` that name no cluster (``$RAY_ADDRESS`` decides).
-UNNAMED = ("", "auto", "local")
 
 # Seconds to wait for a TCP connection to the head before calling it unreachable.
 _REACH_TIMEOUT_S = 5.0
@@ -42,21 +41,6 @@ _REACH_TIMEOUT_S = 5.0
 
 class ClusterError(RuntimeError):
     """The job cannot use the Ray cluster; the message is one line saying why and what to do."""
-
-
-def resolve_address(ray_address: str, environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """``(address, where it came from)``; the address is ``None`` when the job starts a local Ray.
-
-    ``cluster.ray_address`` wins when it names a cluster; ``auto``/``local``/empty defer to
-    ``$RAY_ADDRESS`` (whose ``auto`` is Ray's: the cluster last started on this machine).
-    """
-    address = (ray_address or "").strip()
-    if address not in UNNAMED:
-        return address, "cluster.ray_address"
-    env = environ.get("RAY_ADDRESS", "").strip()
-    if env and env != "local":
-        return env, "RAY_ADDRESS"
-    return None, ""
 
 
 def travelling_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -85,7 +85,7 @@ def check_paths(config: Config, *, network: bool = False, model_path: bool = Tru
 
 def _task_pipeline(config: Config):
     """The task pipeline that runs before the job (it writes the first training taskset), if any."""
-    from trinity.data.tasks import task_operators
+    from trinity.config.pipelines import task_operators
 
     tp = config.data_processor.task_pipeline if config.data_processor else None
     return tp if tp is not None and task_operators(tp) else None

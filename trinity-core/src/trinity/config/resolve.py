@@ -20,11 +20,18 @@ from trinity.config.algorithm_defaults import (
     lookup_component,
     resolve_algorithm,
 )
+from trinity.config.checks import (
+    check_colocate,
+    check_data_processor,
+    check_optimizer,
+    check_serve,
+    check_sync,
+    check_task_component,
+)
 from trinity.config.errors import ConfigError
 from trinity.config.geometry import batch_geometry
+from trinity.config.limits import derive_token_limits
 from trinity.config.models import Config
-from trinity.config.sections.algorithm import LR_SCHEDULES
-from trinity.config.sections.base import invalid_choice
 from trinity.config.sections.buffer import ExperienceBufferConfig, ReplayBufferConfig, TasksetConfig
 from trinity.config.sections.explorer import MAX_PORT, InferenceModelConfig
 from trinity.config.validation import validate_config
@@ -54,16 +61,16 @@ def _resolve(c: Config) -> None:
     _resolve_paths(c)
     _resolve_model(c)
     c.algorithm, algo_cls = resolve_algorithm(c.algorithm)
-    _check_optimizer(c)
+    check_optimizer(c)
     _resolve_buffer(c, algo_cls)
     _resolve_explorer(c)
     _resolve_trainer(c)
     _resolve_synchronizer(c)
     _resolve_eval_interval(c)
     _check_mode(c)
-    _check_sync(c)
-    _check_colocate(c)
-    _check_data_processor(c)
+    check_sync(c)
+    check_colocate(c)
+    check_data_processor(c)
     c._geometry = batch_geometry(c, step_wise=bool(getattr(algo_cls, "step_wise", False)))
     _derive_component_args(c, algo_cls)
     try:
@@ -114,108 +121,16 @@ def _resolve_model(c: Config) -> None:
     derive_token_limits(m, "model")
 
 
-def derive_token_limits(m: Any, key: str) -> None:
-    """Trinity-RFT's rules for the three token limits of a model section (``model``, the rollout
-    model, an auxiliary model), applied in place:
-
-    - ``max_model_len`` unset: ``max_prompt_tokens + max_response_tokens`` (both must be set);
-    - neither per-part limit set: half of ``max_model_len`` each (the prompt gets the floor);
-    - one of them set: the other is what is left of ``max_model_len`` (the one given is first
-      lowered to ``max_model_len - 1`` so that the other keeps a token);
-    - ``min_response_tokens`` not below ``max_response_tokens``: lowered to one below it.
-
-    Enforced at rollout (:mod:`trinity.rollout.base`): a prompt over
-    ``max_prompt_tokens`` is masked out (``enable_prompt_truncation``) or refused, and no
-    response runs past ``max_model_len``.
-    """
-    derived: list[str] = []
-    if m.max_model_len is None:
-        if m.max_prompt_tokens is None or m.max_response_tokens is None:
-            raise ConfigError(
-                f"not set and cannot be derived; set {key}.max_model_len, or both {key}.max_prompt_tokens "
-                f"and {key}.max_response_tokens (max_model_len = their sum)",
-                key=f"{key}.max_model_len",
-            )
-        m.max_model_len = m.max_prompt_tokens + m.max_response_tokens
-        derived.append("max_model_len")
-    _check_model_len(m, key)
-    if m.max_model_len < 2:
-        raise ConfigError(
-            f"{m.max_model_len} leaves no room for a prompt and a reply; use at least 2",
-            key=f"{key}.max_model_len",
-        )
-    if m.max_prompt_tokens is None and m.max_response_tokens is None:
-        m.max_prompt_tokens = m.max_model_len // 2
-        m.max_response_tokens = m.max_model_len - m.max_prompt_tokens
-        derived += ["max_prompt_tokens", "max_response_tokens"]
-    elif m.max_prompt_tokens is None:
-        m.max_response_tokens = min(m.max_response_tokens, m.max_model_len - 1)
-        m.max_prompt_tokens = m.max_model_len - m.max_response_tokens
-        derived.append("max_prompt_tokens")
-    elif m.max_response_tokens is None:
-        m.max_prompt_tokens = min(m.max_prompt_tokens, m.max_model_len - 1)
-        m.max_response_tokens = m.max_model_len - m.max_prompt_tokens
-        derived.append("max_response_tokens")
-    if derived:
-        logger.info(
-            "%s: %s derived (max_model_len %d = max_prompt_tokens %d + max_response_tokens %d)",
-            key,
-            ", ".join(derived),
-            m.max_model_len,
-            m.max_prompt_tokens,
-            m.max_response_tokens,
-        )
-    if (m.min_response_tokens or 0) >= m.max_response_tokens:
-        lowered = m.max_response_tokens - 1
-        logger.warning(
-            "%s.min_response_tokens %d is not below max_response_tokens %d; lowered to %d",
-            key,
-            m.min_response_tokens,
-            m.max_response_tokens,
-            lowered,
-        )
-        m.min_response_tokens = lowered
-
-
-def _check_optimizer(c: Config) -> None:
-    opt = c.algorithm.optimizer
-    for field in ("warmup_style", "lr_scheduler_type"):
-        value = getattr(opt, field)
-        if value is not None and value not in LR_SCHEDULES:
-            raise ConfigError(invalid_choice(value, LR_SCHEDULES), key=f"algorithm.optimizer.{field}")
-
-
-def _check_model_len(m: Any, key: str) -> None:
-    """``max_model_len`` must hold the longest prompt plus the longest response (when all are set)."""
-    if None in (m.max_model_len, m.max_prompt_tokens, m.max_response_tokens):
-        return
-    needed = m.max_prompt_tokens + m.max_response_tokens
-    if m.max_model_len < needed:
-        raise ConfigError(
-            f"{m.max_model_len} is smaller than {key}.max_prompt_tokens + {key}.max_response_tokens "
-            f"({m.max_prompt_tokens} + {m.max_response_tokens} = {needed}); raise max_model_len or lower "
-            "the token limits",
-            key=f"{key}.max_model_len",
-        )
-
-
 # (kind, key) of the component names a taskset and the levels above it may set.
 _TASK_COMPONENTS = (("workflow", "default_workflow_type"), ("reward_fn", "default_reward_fn_type"))
-
-
-def _check_task_component(kind: str, name: str | None, key: str) -> None:
-    """An unknown workflow / reward_fn name fails here, with the closest registered name; a
-    dotted name (``pkg.module.Class``) is imported and type-checked as a class path."""
-    if name:
-        lookup_component(kind, name, key)
 
 
 def _resolve_buffer(c: Config, algo_cls: type) -> None:
     b, ei = c.buffer, c.buffer.explorer_input
     for section, key in ((b, "buffer"), (ei, "buffer.explorer_input")):
         for kind, field in _TASK_COMPONENTS:
-            _check_task_component(kind, getattr(section, field), f"{key}.{field}")
-    _check_task_component(
+            check_task_component(kind, getattr(section, field), f"{key}.{field}")
+    check_task_component(
         "workflow", ei.default_eval_workflow_type, "buffer.explorer_input.default_eval_workflow_type"
     )
     repeat = c.algorithm.repeat_times
@@ -284,7 +199,7 @@ def _resolve_storage_common(c: Config, storage: Any, key: str) -> None:
 def _resolve_taskset(c: Config, ts: TasksetConfig, key: str, index: int, *, is_eval: bool) -> None:
     m, b, ei = c.model, c.buffer, c.buffer.explorer_input
     for kind, field in _TASK_COMPONENTS:
-        _check_task_component(kind, getattr(ts, field), f"{key}.{field}")
+        check_task_component(kind, getattr(ts, field), f"{key}.{field}")
     if ts.task_selector is not None:
         if "data_selector" in ts.model_fields_set:
             raise ConfigError(
@@ -292,9 +207,7 @@ def _resolve_taskset(c: Config, ts: TasksetConfig, key: str, index: int, *, is_e
             )
         ts.data_selector, ts.task_selector = ts.task_selector, None
     if not is_eval:  # eval tasksets are read in file order whatever they name
-        _check_task_component(
-            "selector", ts.data_selector.selector_type, f"{key}.data_selector.selector_type"
-        )
+        check_task_component("selector", ts.data_selector.selector_type, f"{key}.data_selector.selector_type")
     if not ts.name:
         ts.name = f"{'eval_' if is_eval else ''}taskset_{index}"
     _resolve_storage_common(c, ts, key)
@@ -527,7 +440,7 @@ def _resolve_eval_interval(c: Config) -> None:
 
 def _check_mode(c: Config) -> None:
     if c.mode == "serve":
-        _check_serve(c)
+        check_serve(c)
     ei = c.buffer.explorer_input
     if c.mode in ("both", "explore") and not ei.tasksets:
         raise ConfigError(
@@ -552,7 +465,7 @@ def _check_mode(c: Config) -> None:
 def joins_cluster(c: Config) -> bool:
     """Whether the job joins an existing Ray cluster (``cluster.ray_address`` or
     ``$RAY_ADDRESS``) rather than starting a Ray of its own."""
-    from trinity.cluster import resolve_address
+    from trinity.config.ray_address import resolve_address
 
     return resolve_address(c.cluster.ray_address, os.environ)[0] is not None
 
@@ -683,144 +596,3 @@ def replace_values(data: Any, old: str, new: str) -> Any:
     if isinstance(data, list):
         return [replace_values(v, old, new) for v in data]
     return new if data == old else data
-
-
-def _check_serve(c: Config) -> None:
-    """``mode: serve`` writes for a separate ``mode: train`` job and picks up its checkpoints
-    (see :mod:`trinity.serving.serve`): the buffer must outlive the job and be readable by
-    another process, the weights come from checkpoints on disk, and one engine serves."""
-    sync = c.synchronizer
-    if sync.sync_method != "checkpoint":
-        raise ConfigError(
-            f"mode 'serve' loads the train job's checkpoints from disk; {sync.sync_method!r} needs both "
-            "roles in one job: use sync_method: checkpoint (or leave it unset)",
-            key="synchronizer.sync_method",
-        )
-    rm = c.explorer.rollout_model
-    if rm.engine_num != 1:
-        raise ConfigError(
-            f"mode 'serve' serves one engine (got {rm.engine_num}); set engine_num: 1 "
-            "(use tensor_parallel_size for a larger model)",
-            key="explorer.rollout_model.engine_num",
-        )
-    if c.buffer.explorer_input.tasksets:
-        logger.warning("mode 'serve' reads no tasksets: buffer.explorer_input.tasksets are not used")
-    if c.explorer.auxiliary_models:
-        logger.warning(
-            "mode 'serve' serves only the rollout model: explorer.auxiliary_models are not started"
-        )
-
-
-def _check_colocate(c: Config) -> None:
-    """``mode: colocate``, as in Trinity-RFT: trainer and explorer share one GPU (on a CPU-only
-    cluster, the cores), so one engine of one GPU, no auxiliary models, and weights synced
-    through memory: there is no second device for an ``nccl`` broadcast."""
-    if c.mode != "colocate":
-        return
-    rm, cluster = c.explorer.rollout_model, c.cluster
-    if not c.buffer.explorer_input.tasksets:
-        raise ConfigError(
-            "mode 'colocate' needs at least one training taskset; add buffer.explorer_input.tasksets",
-            key="buffer.explorer_input.tasksets",
-        )
-    if cluster.node_num * cluster.gpu_per_node > 1:
-        raise ConfigError(
-            f"mode 'colocate' shares one GPU between trainer and explorer, and cluster.node_num * "
-            f"cluster.gpu_per_node is {cluster.node_num * cluster.gpu_per_node}; use mode 'both'",
-            key="mode",
-        )
-    one_gpu = "mode 'colocate' (trainer and explorer on one GPU)"
-    checks = [
-        ("explorer.rollout_model.engine_num", rm.engine_num),
-        ("explorer.rollout_model.tensor_parallel_size", rm.tensor_parallel_size),
-        ("trainer.ulysses_sequence_parallel_size", c.trainer.ulysses_sequence_parallel_size),
-    ]
-    for key, value in checks:
-        if value != 1:
-            raise ConfigError(f"is {value}; {one_gpu} needs 1, or use mode 'both'", key=key)
-    if c.explorer.auxiliary_models:
-        raise ConfigError(
-            f"{one_gpu} runs no auxiliary models; use mode 'both'", key="explorer.auxiliary_models"
-        )
-    if c.synchronizer.sync_method == "nccl":
-        raise ConfigError(
-            "mode 'colocate' cannot use nccl: trainer and explorer share one GPU, there is nothing to "
-            "broadcast to; use memory (the default) or checkpoint",
-            key="synchronizer.sync_method",
-        )
-
-
-def _check_sync(c: Config) -> None:
-    """Cross-section rules of the synchronizer (see :mod:`trinity.sync.synchronizer`)."""
-    over = c.explorer.over_rollout
-    style = c.synchronizer.sync_style
-    if (over.ratio > 0 or over.return_partial_tasks) and style == "fixed":
-        # Trinity-RFT refuses it too: a fixed schedule waits for the trainer at every sync step
-        # anyway, so ending explore steps early would only drop tasks.
-        raise ConfigError(
-            "over_rollout needs a dynamic sync style: set synchronizer.sync_style to explorer_driven, "
-            "trainer_driven or fully_async (fixed waits for every task)",
-            key="explorer.over_rollout.ratio"
-            if over.ratio > 0
-            else "explorer.over_rollout.return_partial_tasks",
-        )
-
-
-def _check_data_processor(c: Config) -> None:
-    """Every operator of the task and experience pipelines is a registered operator of the
-    right contract, with arguments it accepts, and what it needs from the job is there (the
-    operators are built and bound here once, starting nothing, so a typo or a scoring model
-    without an address fails at start, not after the first explore step)."""
-    from trinity.data.operator import ExperienceOperator, TaskOperator
-    from trinity.data.pipeline import build_operator, operator_context
-    from trinity.data.served_models import dry_run_url
-    from trinity.data.tasks import task_operators
-
-    dp = c.data_processor
-    if dp is None:
-        return
-    service = c.service.data_juicer
-    if service is not None and not (service.auto_start or service.server_url):
-        raise ConfigError(
-            "needs server_url (a running service) or auto_start: true", key="service.data_juicer"
-        )
-    pipelines = []
-    if dp.task_pipeline is not None:
-        tp = dp.task_pipeline
-        if tp.config_path and not os.path.isabs(tp.config_path):
-            tp.config_path = os.path.abspath(tp.config_path)
-        if tp.priority_weights:
-            from trinity.data.priority import check_weights
-
-            try:
-                check_weights(tp.priority_weights)
-            except ValueError as exc:
-                raise ConfigError(
-                    str(exc).removeprefix("priority_weights: "),
-                    key="data_processor.task_pipeline.priority_weights",
-                ) from None
-        pipelines.append(("task_pipeline", task_operators(tp), TaskOperator))
-    if dp.experience_pipeline is not None:
-        pipelines.append(("experience_pipeline", dp.experience_pipeline.operators, ExperienceOperator))
-    context = operator_context(c, dry_run_url(c.explorer.auxiliary_models), dry_run=True)
-    for section, operators, contract in pipelines:
-        for i, op in enumerate(operators):
-            key = f"data_processor.{section}.operators[{i}]"
-            if section == "task_pipeline" and dp.task_pipeline.config_path:
-                key = "data_processor.task_pipeline.config_path"
-            path = (op.args or {}).get("config_path")
-            if op.name == "data_juicer" and isinstance(path, str) and path and not os.path.isabs(path):
-                # Relative to where the job starts; the actors' working directory may differ.
-                op.args = {**op.args, "config_path": os.path.abspath(path)}
-            try:
-                built = build_operator(op, contract, key)
-            except LookupError as exc:
-                raise ConfigError(str(exc).split(" More ")[0], key=f"{key}.name") from None
-            except ValueError as exc:
-                raise ConfigError(str(exc).removeprefix(f"{key}: "), key=key) from None
-            try:
-                built.bind(context)
-            except ValueError as exc:
-                raise ConfigError(str(exc), key=key) from None
-            finally:
-                built.close()

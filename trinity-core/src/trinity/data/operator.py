@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from trinity.config.sections.data import DataJuicerServiceConfig
@@ -52,6 +52,20 @@ class Operator:
     Subclass :class:`ExperienceOperator` or :class:`TaskOperator`, not this class.
     """
 
+    #: The pipelines the operator can run in (``task_pipeline``, ``experience_pipeline``): set
+    #: from the contract classes it derives from, so config loading checks it through the
+    #: registry without building the operator.
+    pipelines: ClassVar[frozenset[str]] = frozenset()
+    #: The pipeline a contract class adds to its subclasses' :attr:`pipelines`.
+    pipeline: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        found = {cls.__dict__["pipeline"]} if cls.__dict__.get("pipeline") else set()
+        for base in cls.__mro__[1:]:
+            found |= set(getattr(base, "pipelines", ()))
+        cls.pipelines = frozenset(found)
+
     @classmethod
     def default_args(cls) -> dict[str, Any]:
         """Arguments used where the config gives none (shown by the studio and the docs)."""
@@ -74,6 +88,8 @@ class ExperienceOperator(Operator):
     logged as ``pipeline/<operator name>/<key>`` with the explore step's metrics.
     """
 
+    pipeline: ClassVar[str | None] = "experience_pipeline"
+
     def process(self, experiences: list[Experience]) -> tuple[list[Experience], Mapping[str, float]]:
         """The experiences to keep (changed in place or new) and metrics about this step."""
         raise NotImplementedError
@@ -89,6 +105,7 @@ class TaskOperator(Operator):
     process: deduplication, top-k).
     """
 
+    pipeline: ClassVar[str | None] = "task_pipeline"
     #: Rows per call to :meth:`process`.
     batch_size: int = 256
     #: Whether :meth:`process` must see every row in one call (runs in the main process).

@@ -25,6 +25,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from trinity.config.pipelines import PRIORITY_SCORES, check_weights
+
 logger = logging.getLogger(__name__)
 
 STATS = "__dj__stats__"
@@ -46,17 +48,8 @@ GROUPS: dict[str, dict[str, tuple[bool, tuple[float, float] | None]]] = {
         "difficulty_score": (True, (0.0, 1.0)),
     },
 }
-KNOWN = (*GROUPS, "usage_frequency")
-
-
-def check_weights(weights: Mapping[str, float]) -> None:
-    """``ValueError`` (one line) for a weight this ordering cannot compute."""
-    unknown = sorted(set(weights) - set(KNOWN))
-    if unknown:
-        raise ValueError(
-            f"priority_weights: no score {', '.join(map(repr, unknown))} "
-            f"(known: {', '.join(KNOWN)}; upstream's 'diversity' is computed by no one)"
-        )
+KNOWN = PRIORITY_SCORES
+assert set(KNOWN) == {*GROUPS, "usage_frequency"}, "trinity.config.pipelines.PRIORITY_SCORES is out of date"
 
 
 def _number(value: Any) -> float | None:

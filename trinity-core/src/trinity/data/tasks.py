@@ -27,9 +27,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from trinity.config.pipelines import task_operators
+
 if TYPE_CHECKING:
     from trinity.config import Config, InferenceModelConfig
-    from trinity.config.sections.data import OperatorConfig, TaskPipelineConfig
+    from trinity.config.sections.data import TaskPipelineConfig
     from trinity.data.operator import TaskOperator
     from trinity.data.served_models import ModelServer
 
@@ -98,15 +100,6 @@ def read_inputs(inputs: list[str], target_fields: list[str], split: str) -> tupl
                 row = {f: row[f] for f in target_fields}
             rows.append(row)
     return rows, skipped
-
-
-def task_operators(tp: TaskPipelineConfig) -> list[OperatorConfig]:
-    """The operators ``tp`` runs: a ``data_juicer`` operator for ``config_path``, else ``operators``."""
-    from trinity.config.sections.data import OperatorConfig
-
-    if tp.config_path:
-        return [OperatorConfig(name="data_juicer", args={"config_path": tp.config_path})]
-    return list(tp.operators)
 
 
 def run_task_pipeline(

@@ -18,7 +18,7 @@ each whole sample once it is finished. Closing the iterator early abandons the c
 Engines: ``transformers`` (:mod:`.transformers_engine`, CPU or GPU) and ``vllm``
 (:mod:`.vllm_engine`, GPU). Prompt building (chat template, tokenisation) and the token limits
 are shared here, so both engines see the same token ids for the same messages and hold the same
-limits (Trinity-RFT's rules, derived in :func:`trinity.config.resolve.derive_token_limits`):
+limits (Trinity-RFT's rules, derived in :func:`trinity.config.limits.derive_token_limits`):
 
 - no sequence runs past ``max_model_len``: each response's ``max_tokens`` is capped at what the
   prompt leaves, and a prompt that leaves no token raises :class:`PromptTooLong` (vLLM's words;
