@@ -435,7 +435,7 @@ def test_first_step_follows_the_trainers_batches(tmp_path, tiny_model_path):
 def test_a_taken_port_is_one_clear_line(tmp_path, tiny_model_path):
     import socket
 
-    from trinity.launcher import JobFailed
+    from trinity.job import JobFailed
     from trinity.serving.serve import run_serve
 
     with socket.socket() as taken:
