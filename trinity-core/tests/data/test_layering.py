@@ -29,4 +29,3 @@ def test_the_data_processor_imports_nothing_above_it():
         if any(name == up or name.startswith(up + ".") for up in ABOVE)
     )
     assert upward == []
-

@@ -74,9 +74,11 @@ def test_without_prompt_truncation_a_long_prompt_is_sampled_while_it_fits(engine
     with limits(engine, max_prompt_tokens=8, max_model_len=n + 2, enable_prompt_truncation=False):
         [exp] = engine.chat(long, max_tokens=8, min_tokens=8, seed=0)
         assert exp.prompt_length == n and exp.tokens.shape[0] == n + 2
-        with pytest.raises(PromptTooLong, match=rf"maximum context length is {n} tokens.*has {n} input"):
-            with limits(engine, max_model_len=n):
-                engine.chat(long, max_tokens=8)
+        with (
+            pytest.raises(PromptTooLong, match=rf"maximum context length is {n} tokens.*has {n} input"),
+            limits(engine, max_model_len=n),
+        ):
+            engine.chat(long, max_tokens=8)
 
 
 # -- the wrapper: what workflows read --------------------------------------------------------
@@ -114,7 +116,7 @@ def served(engine):
 
 
 def test_the_api_refuses_a_prompt_past_max_model_len_in_vllms_words(served, engine):
-    model, client = served
+    _, client = served
     n = _prompt_len(engine, HELLO)
     with limits(engine, max_model_len=n):
         with pytest.raises(openai.BadRequestError) as err:
@@ -131,14 +133,14 @@ def test_the_api_refuses_a_prompt_past_max_model_len_in_vllms_words(served, engi
         # An explicit max_tokens past the room is refused, as vLLM's server does.
         with pytest.raises(openai.BadRequestError, match=rf"too large: 5\. .* \(5 > {n + 4} - {n}\)"):
             client.chat.completions.create(model="policy", messages=HELLO, max_tokens=5)
-        with pytest.raises(openai.BadRequestError, match="context_length|maximum context length"):
+        with pytest.raises(openai.BadRequestError, match=r"context_length|maximum context length"):
             client.completions.create(model="policy", prompt="1+2=" * 40, stream=True)
 
 
 def test_an_oversized_request_does_not_hold_up_the_others(served, engine):
     """1 MB of content against max_model_len 256: refused at once, and a one-line request sent
     beside it is answered within seconds (before: no answer within 60 s for either)."""
-    model, client = served
+    _, client = served
     huge = [{"role": "user", "content": "x" * 1_000_000}]
     with limits(engine, max_model_len=256), concurrent.futures.ThreadPoolExecutor(2) as pool:
 
@@ -170,7 +172,7 @@ def test_only_served_model_names_are_answered(served):
         lambda: client.completions.create(model="no-such-model", prompt="1+1=", max_tokens=2),
         lambda: client.models.retrieve("no-such-model"),
     ):
-        with pytest.raises(openai.NotFoundError, match="`no-such-model` does not exist.*'policy'") as err:
+        with pytest.raises(openai.NotFoundError, match=r"`no-such-model` does not exist.*'policy'") as err:
             call()
         assert err.value.code == "model_not_found"
     assert client.models.retrieve("any").id == "policy"
