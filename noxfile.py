@@ -1,4 +1,4 @@
-"""Nox sessions: tests, lint, quickstart, benchmarks, the veRL back-end on CPU and optional
+"""Nox sessions: tests, unit, lint, quickstart, benchmarks, the veRL back-end on CPU and optional
 back-end API checks.
 
 On CPU machines torch is installed pinned first (``TORCH_SPEC``): the pinned CPU wheel is
@@ -82,8 +82,28 @@ def tests(session: nox.Session) -> None:
     # Every distribution with the extras its tests exercise (selenium, for the studio's browser
     # tests, is in dev).
     install(session, *map(with_test_extras, PACKAGES[1:]), core_extras=TEST_EXTRAS["trinity-core"])
+    # --durations: the 25 slowest set-ups and tests, so the suite's time stays visible.
     session.run(
-        "pytest", *(session.posargs or ["-q"]), env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+        "pytest",
+        "--durations=25",
+        *(session.posargs or ["-q"]),
+        env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+    )
+
+
+@nox.session(python=PYTHON)
+def unit(session: nox.Session) -> None:
+    """The inner loop: every test not marked ``e2e`` or ``slow`` (about 4 minutes on 2 cores);
+    ``nox -R -s unit`` skips the reinstall. ``nox -s tests`` runs everything."""
+    install(session, *map(with_test_extras, PACKAGES[1:]), core_extras=TEST_EXTRAS["trinity-core"])
+    session.run(
+        "pytest",
+        "-q",
+        "-m",
+        "not e2e and not slow",
+        "--durations=25",
+        *session.posargs,
+        env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
     )
 
 
