@@ -6,7 +6,6 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -14,54 +13,35 @@ import pytest
 
 pytest.importorskip("verl", reason="veRL is installed only in the `nox -s verl` session")
 
+from trinity.testing.jobs import tiny_job, write_job
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-CONFIG = """
-project: e2e
-name: {name}
-mode: both
-checkpoint_root_dir: {root}/ckpt
-algorithm:
-  algorithm_type: grpo
-  repeat_times: 4
-  optimizer: {{lr: 1.0e-3}}
-  entropy_loss_fn_args: {{entropy_coef: 0.01}}
-model:
-  model_path: {root}/model
-  max_prompt_tokens: 64
-  max_response_tokens: 16
-buffer:
-  total_steps: 3
-  batch_size: 2
-  explorer_input:
-    taskset:
-      name: arith
-      storage_type: file
-      path: {root}/data
-      split: train
-      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-    default_workflow_type: math_workflow
-    default_reward_fn_type: math_reward
-  trainer_input:
-    experience_buffer:
-      name: exp
-      storage_type: sql
-      path: sqlite:///{root}/{name}.db
-explorer:
-  runner_per_model: 2
-  rollout_model: {{engine_type: transformers, engine_num: 1, dtype: float32, seed: 1}}
-synchronizer: {{sync_method: memory, sync_interval: 1}}
-trainer:
-  trainer_type: verl
-  save_interval: 3
-  trainer_config: {trainer_config}
-"""
 
-
-def _write(root: Path, name: str, trainer_config: str = "{}") -> Path:
-    path = root / f"{name}.yaml"
-    path.write_text(textwrap.dedent(CONFIG.format(root=root, name=name, trainer_config=trainer_config)))
-    return path
+def _write(root: Path, name: str, trainer_config: dict | None = None) -> Path:
+    config = tiny_job(
+        root,
+        name=name,
+        algorithm={
+            "repeat_times": 4,
+            "optimizer": {"lr": 1.0e-3},
+            "entropy_loss_fn_args": {"entropy_coef": 0.01},
+        },
+        model={"max_prompt_tokens": 64, "max_response_tokens": 16},
+        buffer={
+            "total_steps": 3,
+            "trainer_input": {"experience_buffer": {"path": f"sqlite:///{root}/{name}.db"}},
+        },
+        synchronizer={"sync_method": "memory", "sync_interval": 1},
+        # veRL's own dtype handling, as before (the tiny job pins the native trainer to float32).
+        trainer={
+            "trainer_type": "verl",
+            "save_interval": 3,
+            "trainer_config": trainer_config or {},
+            "dtype": None,
+        },
+    )
+    return write_job(root / f"{name}.yaml", config)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +99,7 @@ def test_the_trainer_measures_the_engine_agreement_every_step(job):
 
 def test_an_impossible_rank_count_fails_within_a_minute_in_one_line(root, job_env):
     """More ranks than the machine has cores: refused as soon as Ray is up, not left pending."""
-    config = _write(root, "too_many", "{trainer: {n_gpus_per_node: 512}}")
+    config = _write(root, "too_many", {"trainer": {"n_gpus_per_node": 512}})
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "trinity.cli", "run", "--config", str(config)],
