@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from trinity.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutEngine, SamplingArgs
+from trinity.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutEngine, SamplingArgs, refuses_max_tokens
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +99,8 @@ class ScriptedEngine(RolloutEngine):
             self.apply_chat_template(messages, **template) if template else self.apply_chat_template(messages)
         )
         ids = self.encode(prompt)
-        runs, masked = self.plan([ids], args, whole_context=whole_context)
+        strict = refuses_max_tokens(whole_context, rollout_args)
+        runs, masked = self.plan([ids], args, whole_context=whole_context, strict_max_tokens=strict)
         if masked:
             return ids, None
         (cap,) = runs

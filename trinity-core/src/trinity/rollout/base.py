@@ -59,6 +59,12 @@ PROMPT_TRUNCATED = "prompt_truncated"
 _LONG_TEXT = 100_000
 
 
+def refuses_max_tokens(whole_context: bool, rollout_args: Mapping[str, Any]) -> bool:
+    """Whether a call refuses a ``max_tokens`` its prompt leaves no room for, rather than
+    capping it: under the OpenAI API's rules (``whole_context``), when the caller gave one."""
+    return whole_context and rollout_args.get("max_tokens") is not None
+
+
 class PromptTooLong(ValueError):
     """A prompt that leaves no token for a reply within ``max_model_len``, or (``max_tokens``
     given) fewer tokens than a request asked for explicitly. The messages are vLLM's; the OpenAI
@@ -387,7 +393,7 @@ class RolloutEngine(ABC):
             [self.encode(p) for p in prompts],
             args,
             whole_context=whole_context,
-            strict_max_tokens=whole_context and rollout_args.get("max_tokens") is not None,
+            strict_max_tokens=refuses_max_tokens(whole_context, rollout_args),
         )
 
     def chat(
@@ -417,7 +423,7 @@ class RolloutEngine(ABC):
             ids,
             args,
             whole_context=whole_context,
-            strict_max_tokens=whole_context and rollout_args.get("max_tokens") is not None,
+            strict_max_tokens=refuses_max_tokens(whole_context, rollout_args),
         )
 
     async def chat_async(
@@ -442,7 +448,7 @@ class RolloutEngine(ABC):
         different ``max_tokens`` caps, or that masks a prompt, streams each sample whole."""
         args = self.sampling_args(**rollout_args)
         ids = [self.encode(p) for p in prompts]
-        strict = whole_context and rollout_args.get("max_tokens") is not None
+        strict = refuses_max_tokens(whole_context, rollout_args)
         runs, masked = self.plan(ids, args, whole_context=whole_context, strict_max_tokens=strict)
         if len(runs) == 1 and not masked:
             (cap,) = runs
