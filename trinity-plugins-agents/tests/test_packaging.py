@@ -17,6 +17,8 @@ WORKFLOWS = sorted(
         "toolcall_workflow",
         "alfworld_workflow",
         "step_wise_alfworld_workflow",
+        "RAFT_alfworld_workflow",
+        "RAFT_reflect_alfworld_workflow",
         "agentscope_react_workflow",
         "agentscope_react_math_workflow",
         "agentscopev0_react_math_workflow",

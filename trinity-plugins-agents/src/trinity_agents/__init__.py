@@ -10,6 +10,8 @@ Public API (imported lazily, so ``import trinity_agents`` stays cheap):
   (:mod:`trinity_agents.frozen_lake`).
 - :class:`AlfworldWorkflow` (``alfworld_workflow``), :class:`StepWiseAlfworldWorkflow`
   (``step_wise_alfworld_workflow``) (:mod:`trinity_agents.alfworld`; extra ``alfworld``).
+- :class:`RAFTAlfworldWorkflow` (``RAFT_alfworld_workflow``), :class:`RAFTReflectAlfworldWorkflow`
+  (``RAFT_reflect_alfworld_workflow``): RAFT data from ALFWorld games (:mod:`trinity_agents.raft_alfworld`).
 - :class:`AgentScopeReActWorkflow` (``agentscope_react_workflow``) and its math variants,
   :class:`AgentScopeFrozenLakeWorkflow` (``agentscope_frozen_lake_workflow``)
   (:mod:`trinity_agents.agentscope_react`, :mod:`trinity_agents.agentscope_frozen_lake`;
@@ -37,6 +39,8 @@ _EXPORTS = {
     "generate_random_map": "trinity_agents.frozen_lake",
     "AlfworldWorkflow": "trinity_agents.alfworld",
     "StepWiseAlfworldWorkflow": "trinity_agents.alfworld",
+    "RAFTAlfworldWorkflow": "trinity_agents.raft_alfworld",
+    "RAFTReflectAlfworldWorkflow": "trinity_agents.raft_alfworld",
     "AgentScopeReActWorkflow": "trinity_agents.agentscope_react",
     "AgentScopeReactMathWorkflow": "trinity_agents.agentscope_react",
     "AgentScopeV0ReactMathWorkflow": "trinity_agents.agentscope_react",

@@ -39,3 +39,7 @@ def register_workflows(register):
 
     register("alfworld_workflow", AlfworldWorkflow)
     register("step_wise_alfworld_workflow", StepWiseAlfworldWorkflow)
+    from trinity_agents.raft_alfworld import RAFTAlfworldWorkflow, RAFTReflectAlfworldWorkflow
+
+    register("RAFT_alfworld_workflow", RAFTAlfworldWorkflow)
+    register("RAFT_reflect_alfworld_workflow", RAFTReflectAlfworldWorkflow)

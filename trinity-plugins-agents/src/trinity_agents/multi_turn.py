@@ -166,7 +166,7 @@ class MultiTurnWorkflow(Workflow):
     """Runs one episode of an environment per run (see the module docstring).
 
     Subclasses implement :meth:`reset_env` and :meth:`step_env` and may override
-    :meth:`system_prompt`, :meth:`format_observation`, :meth:`state_hash`,
+    :meth:`system_prompt` (or :meth:`initial_messages`), :meth:`format_observation`, :meth:`state_hash`,
     :meth:`episode_reward`, :meth:`episode_info` and :meth:`close_env`. To read their own
     ``workflow_args`` or task columns, override :meth:`reset` and call ``super().reset(task)``
     first (the instance is reused across tasks: ``can_reset``).
@@ -221,6 +221,13 @@ class MultiTurnWorkflow(Workflow):
         """The system message; default: the taskset's ``format.system_prompt``."""
         return self.task.format_args.system_prompt
 
+    def initial_messages(self) -> list[dict[str, Any]]:
+        """The conversation before the first observation; default: the :meth:`system_prompt`
+        as a system message, if any. (A second attempt that shows the model its first one
+        returns that conversation here.)"""
+        system = self.system_prompt()
+        return [{"role": "system", "content": system}] if system else []
+
     def format_observation(self, observation: Any, turn: int) -> str:
         """The user message showing ``observation`` before turn ``turn`` (0-based)."""
         return str(observation)
@@ -259,9 +266,7 @@ class MultiTurnWorkflow(Workflow):
         messages = episode.messages
         try:
             observation = episode.observation = await _resolve(self.reset_env())
-            system = self.system_prompt()
-            if system:
-                messages.append({"role": "system", "content": system})
+            messages.extend(self.initial_messages())
             limit = self.resolve_max_model_len()
             prompt_limit = self.resolve_max_prompt_tokens()
             base_args = {**rollout_kwargs(self.task.rollout_args), "n": 1}
