@@ -319,9 +319,7 @@ class RAFTAlfworldWorkflow(AlfworldWorkflow):
             "repeated_actions": attempt.repeated,
         }
 
-    async def _result(
-        self, attempt: Attempt, kept: bool, info: dict[str, Any], reward: float | None = None
-    ) -> Experience:
+    async def _result(self, attempt: Attempt, kept: bool, info: dict[str, Any]) -> Experience:
         """The attempt's conversation as an Experience when ``kept``, else a placeholder; both
         with ``info``, its numbers as metrics, ``raft_kept`` and the game file."""
         info = {**info, "raft_kept": kept, "game_file": self.game_file}
@@ -329,7 +327,7 @@ class RAFTAlfworldWorkflow(AlfworldWorkflow):
         if not kept:
             return self._numbered(placeholder_experience(0.0, info, metrics))
         exp = await self._convert(attempt.messages)
-        exp.reward = float(attempt.reward if reward is None else reward)
+        exp.reward = float(attempt.reward)
         exp.info = {**(exp.info or {}), **info}
         exp.metrics = {**(exp.metrics or {}), **metrics}
         return self._numbered(exp)
