@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from trinity import hookimpl
 from trinity.hookspecs import Register
-from trinity_math import dapo, distill, rewards, workflows
+from trinity_math import dapo, distill, rewards, rubric, ruler, workflows
 
 WORKFLOWS = {
     "simple_workflow": workflows.SimpleWorkflow,
@@ -19,6 +19,10 @@ WORKFLOWS = {
     "math_boxed_workflow": workflows.MathBoxedWorkflow,
     "on_policy_distill_workflow": distill.OnPolicyDistillWorkflow,
     "on_policy_distill_math_workflow": distill.OnPolicyDistillMathWorkflow,
+    "math_ruler_workflow": ruler.MathRULERWorkflow,
+    "math_trainable_ruler_workflow": ruler.MathTrainableRULERWorkflow,
+    "rubric_judge_workflow": rubric.RubricJudgeWorkflow,
+    "rubric_judge_openai_workflow": rubric.RubricJudgeOpenAIWorkflow,
 }
 
 REWARD_FNS = {
@@ -33,7 +37,7 @@ REWARD_FNS = {
 
 @hookimpl
 def register_workflows(register: Register) -> None:
-    """Register the math and on-policy distillation workflows."""
+    """Register the math, on-policy distillation and judge (RULER, rubric) workflows."""
     for name, cls in WORKFLOWS.items():
         register(name, cls)
 

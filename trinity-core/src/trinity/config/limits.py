@@ -12,7 +12,7 @@ from trinity.config.errors import ConfigError
 logger = logging.getLogger("trinity.config.resolve")
 
 
-def derive_token_limits(m: Any, key: str) -> None:
+def derive_token_limits(m: Any, key: str, *, auxiliary: bool = False) -> None:
     """Trinity-RFT's rules for the three token limits of a model section (``model``, the rollout
     model, an auxiliary model), applied in place:
 
@@ -25,6 +25,10 @@ def derive_token_limits(m: Any, key: str) -> None:
     Enforced at rollout (:mod:`trinity.rollout.base`): a prompt over
     ``max_prompt_tokens`` is masked out (``enable_prompt_truncation``) or refused, and no
     response runs past ``max_model_len``.
+
+    ``auxiliary``: an auxiliary model's limits may add up to more than its ``max_model_len``
+    (Trinity-RFT checks only the trained model's; its RULER example gives its judge 12288 +
+    12288 in 16384): a warning, its replies then stop at ``max_model_len``.
     """
     derived: list[str] = []
     if m.max_model_len is None:
@@ -36,7 +40,21 @@ def derive_token_limits(m: Any, key: str) -> None:
             )
         m.max_model_len = m.max_prompt_tokens + m.max_response_tokens
         derived.append("max_model_len")
-    check_model_len(m, key)
+    if (
+        auxiliary
+        and None not in (m.max_prompt_tokens, m.max_response_tokens)
+        and (m.max_prompt_tokens + m.max_response_tokens > m.max_model_len)
+    ):
+        logger.warning(
+            "%s: max_prompt_tokens + max_response_tokens (%d + %d) exceed max_model_len %d: a reply to a "
+            "long prompt stops at max_model_len",
+            key,
+            m.max_prompt_tokens,
+            m.max_response_tokens,
+            m.max_model_len,
+        )
+    else:
+        check_model_len(m, key)
     if m.max_model_len < 2:
         raise ConfigError(
             f"{m.max_model_len} leaves no room for a prompt and a reply; use at least 2",

@@ -363,7 +363,7 @@ _LENGTH_FIELDS = ("max_model_len", "max_prompt_tokens", "max_response_tokens", "
 
 
 def _resolve_engine(model: InferenceModelConfig, key: str, runners: int) -> None:
-    derive_token_limits(model, key)
+    derive_token_limits(model, key, auxiliary=key.startswith("explorer.auxiliary_models"))
     if model.base_port == 0:  # port 0 asks the OS for a free port: the same as leaving it unset
         model.base_port = None
     if model.base_port is not None and model.base_port + runners - 1 > MAX_PORT:

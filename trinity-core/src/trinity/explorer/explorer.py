@@ -342,7 +342,10 @@ class Explorer:
         for position, result in enumerate(results):
             for exp in result.experiences:
                 exp.eid.batch = step
-                exp.eid.task = position
+                # A workflow puts experiences in a group of their own within the task by setting
+                # eid.task to a label (Trinity-RFT's trainable RULER: its judging turns, "-ruler").
+                label = exp.eid.task
+                exp.eid.task = f"{position}{label}" if isinstance(label, str) and label else position
                 exp.model_version = version
                 exp.info.setdefault("taskset", result.task.taskset_name)
                 exp.info.setdefault("task_index", result.task.index)
