@@ -59,7 +59,9 @@ class ModelConfig(Section):
     limits from the model wrapper (`max_model_len`, `max_prompt_tokens`, `max_response_tokens`).
     The OpenAI API applies only `max_model_len`, as vLLM does: a longer prompt, or a `max_tokens`
     past what the prompt leaves, gets a 400 (`context_length_exceeded`). The explorer's rollout
-    model and auxiliary models inherit these limits unless they set their own.
+    model and auxiliary models inherit these limits unless they set their own. An auxiliary model
+    whose own prompt and response limits add up to more than its `max_model_len` loads with a
+    warning (Trinity-RFT checks only the trained model's): its replies stop at `max_model_len`.
     """
 
     model_path: str = F("", "Hugging Face id or local path of the model to train (required).")
