@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from trinity import hookimpl
 from trinity.hookspecs import Register
-from trinity_math import dapo, distill, rewards, rubric, ruler, workflows
+from trinity_math import bots, dapo, distill, reward_model, rewards, rubric, ruler, workflows
 
 WORKFLOWS = {
+    "math_rm_workflow": reward_model.MathRMWorkflow,
+    "async_math_rm_workflow": reward_model.AsyncMathRMWorkflow,
+    "bots_math_boxed_workflow": bots.BOTSMathBoxedWorkflow,
+    bots.UPSTREAM_CLASS_PATH: bots.BOTSMathBoxedWorkflow,
+    "bots_ref_eval_collect_math_boxed_workflow": bots.BOTSRefEvalCollectMathBoxedWorkflow,
     "simple_workflow": workflows.SimpleWorkflow,
     "async_simple_workflow": workflows.AsyncSimpleWorkflow,
     "math_workflow": workflows.MathWorkflow,
@@ -26,6 +31,7 @@ WORKFLOWS = {
 }
 
 REWARD_FNS = {
+    "rm_gallery_reward": reward_model.RMGalleryRewardFn,
     "math_reward": rewards.MathRewardFn,
     "math_boxed_reward": rewards.MathBoxedRewardFn,
     "math_dapo_reward": dapo.MathDAPORewardFn,

@@ -76,7 +76,7 @@ class PromptWorkflow(Workflow):
     def reset(self, task: Task) -> None:
         """Point this instance at ``task``."""
         self.task = task
-        prompt = task.task_desc
+        prompt = self.read_prompt(task)
         if prompt is None:
             raise ValueError(
                 f"{self.display_name}: task {task.index} of taskset {task.taskset_name!r} has no "
@@ -84,7 +84,7 @@ class PromptWorkflow(Workflow):
                 "set the taskset's `format.prompt_key`"
             )
         self.task_desc = prompt
-        self.truth = task.truth
+        self.truth = self.read_truth(task)
         fmt = task.format_args
         self.system_prompt = (
             fmt.system_prompt if fmt.system_prompt is not None else self.default_system_prompt
@@ -92,6 +92,14 @@ class PromptWorkflow(Workflow):
         self.reply_prefix = fmt.reply_prefix
         self.workflow_args = dict(task.workflow_args or {})
         self._configure(self.workflow_args)
+
+    def read_prompt(self, task: Task) -> Any:
+        """The task's prompt (``None``: it has none); subclasses may read other columns."""
+        return task.task_desc
+
+    def read_truth(self, task: Task) -> str | None:
+        """The task's reference answer; subclasses may read other columns."""
+        return task.truth
 
     def _configure(self, workflow_args: dict[str, Any]) -> None:
         """Read ``workflow_args`` (subclasses); this workflow has none."""
