@@ -179,6 +179,10 @@ def _remove_unstarted(config: Config, created: Path | None, start: _Start, exc: 
     status = read_run_status(job_dir) or {}
     if status.get("pid") != os.getpid() or any(job_dir.glob("global_step_*")):
         return  # another job (the other side of a decoupled pair) uses the folder now
+    if any(job_dir.glob("annotation/*.db")):
+        # People's labels, given while the task pipeline waited: the next start resumes from them.
+        exc.add_note(f"{job_dir} kept: it holds the labels given so far (annotation/)")
+        return
     shutil.rmtree(job_dir, ignore_errors=True)
     folder = job_dir.parent
     while folder != created.parent and folder.is_dir() and not any(folder.iterdir()):
@@ -190,17 +194,21 @@ def _remove_unstarted(config: Config, created: Path | None, start: _Start, exc: 
 def _run_stage(config: Config, start: _Start | None = None) -> StageResult:
     from trinity.actors import ExplorerActor, TrainerActor
     from trinity.buffer.factory import check_buffer_is_free
+    from trinity.config.pipelines import trains_on_pipeline_output
     from trinity.monitor import get_monitor, get_monitors
     from trinity.placement import actor_resources, cpu_shares, runs
     from trinity.sync import Synchronizer
 
-    if runs(config, "explorer") and config.mode not in ("bench", "serve"):
+    if (runs(config, "explorer") and config.mode not in ("bench", "serve")) or trains_on_pipeline_output(
+        config
+    ):
         from trinity.data.tasks import apply_task_pipeline
         from trinity.serving.auxiliary import ServedModels
 
         try:
-            # Before any actor starts: the pipeline's output is the explorer's taskset; the
-            # auxiliary models its operators ask for are served here and stopped afterwards.
+            # Before any actor starts: the pipeline's output is the explorer's taskset (or the
+            # dataset an SFT/DPO train job reads); the auxiliary models its operators ask for are
+            # served here and stopped afterwards.
             with ServedModels(config.explorer.auxiliary_models) as served:
                 config = apply_task_pipeline(config, served)
         except (ValueError, OSError) as exc:

@@ -12,6 +12,7 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from importlib import resources
 from typing import Annotated, Any
 
@@ -21,7 +22,8 @@ from fastapi.staticfiles import StaticFiles
 
 from trinity import __version__
 from trinity.config.errors import ConfigError
-from trinity_studio import configs
+from trinity.data.annotation import AlreadyLabelled
+from trinity_studio import configs, labels
 from trinity_studio.experiences import Filters, SourceError, open_source
 from trinity_studio.jobs import JobManager
 from trinity_studio.runs import ScalarCache, config_files, find_runs, run_tokenizer
@@ -33,12 +35,20 @@ STATIC = resources.files("trinity_studio") / "static"
 PAGE_LIMIT = 500
 
 
-def create_app(root: str, *, token: str | None = None, experience_file: str | None = None) -> FastAPI:
+def create_app(
+    root: str,
+    *,
+    token: str | None = None,
+    experience_file: str | None = None,
+    label_stores: Sequence[str] = (),
+) -> FastAPI:
     """The studio for the checkpoint root ``root``; ``experience_file`` opens on the Experiences
-    page (``trinity debug --module viewer``)."""
+    page (``trinity debug --module viewer``); ``label_stores`` are offered on the Labels page
+    besides those of the runs under ``root``."""
     root = os.path.abspath(os.path.expanduser(root))
     app = FastAPI(title="Trinity Studio", version=__version__, docs_url=None, redoc_url=None)
     state = _State(root, experience_file)
+    state.label_stores = [os.path.abspath(p) for p in label_stores]
     app.state.studio = state
 
     if token:
@@ -218,6 +228,45 @@ def create_app(root: str, *, token: str | None = None, experience_file: str | No
             headers={"Content-Disposition": f'attachment; filename="{name}.jsonl"'},
         )
 
+    # -- labels (human_preference_annotation_mapper) ------------------------------------------
+    @app.get("/api/labels/projects")
+    def label_projects() -> list[dict[str, Any]]:
+        return [labels.describe(path) for path in labels.label_stores(root, state.label_stores)]
+
+    @app.get("/api/labels/next")
+    def label_next(store: str, after: int = -1) -> dict[str, Any]:
+        """The next undecided pair of ``store`` after position ``after`` (``null``: none left)."""
+        opened = state.label_store(store)
+        pair = opened.next_pending(after)
+        return {"pair": pair.to_json() if pair else None, **labels.describe(opened.path)}
+
+    @app.post("/api/labels")
+    def label_pair(body: Annotated[dict, Body()]) -> JSONResponse:
+        """Record ``labelled_by``'s ``choice`` for ``pair_id`` of ``store``; 409 with the first
+        label when the pair has one already."""
+        opened = state.label_store(str(body.get("store", "")))
+        try:
+            label = opened.label(
+                str(body.get("pair_id", "")), str(body.get("choice", "")), str(body.get("labelled_by", ""))
+            )
+        except AlreadyLabelled as exc:
+            return JSONResponse({"detail": str(exc), "label": exc.label.__dict__}, status_code=409)
+        except KeyError as exc:
+            raise HTTPException(404, str(exc.args[0])) from None
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        return JSONResponse({"label": label.__dict__, "counts": opened.counts()})
+
+    @app.get("/api/labels/export")
+    def label_export(store: str) -> StreamingResponse:
+        opened = state.label_store(store)
+        name = re.sub(r"[^\w.-]", "_", opened.project) or "labels"
+        return StreamingResponse(
+            labels.export_rows(opened),
+            media_type="application/x-ndjson",
+            headers={"Content-Disposition": f'attachment; filename="{name}-dpo.jsonl"'},
+        )
+
     # -- errors -----------------------------------------------------------------------------
     @app.exception_handler(ConfigError)
     def _config_error(_request: Request, exc: ConfigError) -> JSONResponse:
@@ -282,6 +331,7 @@ class _State:
         self._sources: dict[tuple[str, str | None], Any] = {}
         self._tokenizers: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self.label_stores: list[str] = []
 
     def schema(self) -> dict[str, Any]:
         if self._schema is None:
@@ -297,6 +347,15 @@ class _State:
         label = "-".join(str(config.get(k) or k) for k in ("project", "name"))
         label = re.sub(r"[^\w.-]", "_", label)
         return os.path.join(self.config_dir, f"{label}-{time.strftime('%Y%m%d-%H%M%S')}.yaml")
+
+    def label_store(self, path: str) -> Any:
+        """The label store at ``path``: one of the Labels page's (a request never creates one)."""
+        from trinity.data.annotation import PreferenceStore
+
+        full = os.path.abspath(os.path.expanduser(path)) if path.strip() else ""
+        if full not in labels.label_stores(self.root, self.label_stores):
+            raise HTTPException(404, f"no label store {path!r} under {self.root}")
+        return PreferenceStore(full)
 
     def run_path(self, run_id: str) -> str:
         path = os.path.abspath(os.path.join(self.root, run_id))

@@ -77,7 +77,13 @@ def check_paths(config: Config, *, network: bool = False, model_path: bool = Tru
                 key = "buffer.trainer_input.experience_buffer.tokenizer_path"
                 _check_model(tokenizer, key, network, marker=None)
             if eb.storage_type == "file" and config.mode == "train":  # no explorer of this job writes it
-                _check_experiences(eb, "buffer.trainer_input.experience_buffer")
+                from trinity.config.pipelines import trains_on_pipeline_output
+
+                if not trains_on_pipeline_output(config):
+                    _check_experiences(eb, "buffer.trainer_input.experience_buffer")
+                else:  # an SFT/DPO train job's task pipeline writes it before the job starts
+                    for i, path in enumerate(config.data_processor.task_pipeline.inputs):
+                        _check_data(path, f"data_processor.task_pipeline.inputs[{i}]", "task pipeline input")
         for name, aux in trainer_input.auxiliary_buffers.items():
             if aux.storage_type == "file":
                 _check_experiences(aux, f"buffer.trainer_input.auxiliary_buffers.{name}")

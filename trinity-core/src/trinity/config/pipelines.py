@@ -13,6 +13,7 @@ from trinity.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from trinity.config.models import Config
+    from trinity.config.sections.buffer import ExperienceBufferConfig, TasksetConfig
     from trinity.config.sections.data import OperatorConfig, TaskPipelineConfig
 
 #: The scores ``task_pipeline.priority_weights`` may weigh (:mod:`trinity.data.priority`).
@@ -26,6 +27,29 @@ def task_operators(tp: TaskPipelineConfig) -> list[OperatorConfig]:
     if tp.config_path:
         return [OperatorConfig(name="data_juicer", args={"config_path": tp.config_path})]
     return list(tp.operators)
+
+
+def pipeline_output(config: Config) -> TasksetConfig | ExperienceBufferConfig | None:
+    """What the task pipeline writes: ``task_pipeline.output``, else (as Trinity-RFT) the
+    explorer's first training taskset, or in a ``train`` job of an SFT or DPO algorithm the
+    dataset the trainer reads, ``buffer.trainer_input.experience_buffer``; ``None`` when none."""
+    tp = config.data_processor.task_pipeline if config.data_processor else None
+    if tp is not None and tp.output is not None:
+        return tp.output
+    if config.mode == "train":  # no explorer: the trainer's dataset, or nothing
+        eb = config.buffer.trainer_input.experience_buffer
+        return eb if eb is not None and eb.schema_type in ("sft", "dpo") else None
+    return (config.buffer.explorer_input.tasksets or [None])[0]
+
+
+def trains_on_pipeline_output(config: Config) -> bool:
+    """Whether the job's trainer reads what its task pipeline writes (an SFT or DPO ``train``
+    job whose pipeline has no other output): the pipeline then runs before a train job too."""
+    tp = config.data_processor.task_pipeline if config.data_processor else None
+    if tp is None or not task_operators(tp):
+        return False
+    output = pipeline_output(config)
+    return output is not None and output is config.buffer.trainer_input.experience_buffer
 
 
 def check_weights(weights: dict[str, float]) -> None:

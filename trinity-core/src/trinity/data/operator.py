@@ -39,11 +39,16 @@ class OperatorContext:
         dry_run: the config is only being checked (``trinity run`` at load, ``--dry-run``): resolve
             names and fail on what is missing, but start and connect to nothing; ``model_url``
             then returns a placeholder for the models the job would serve.
+        job_dir: the job's folder (``checkpoint_job_dir``), for what an operator keeps across
+            restarts (the labels of ``human_preference_annotation_mapper``); ``None`` outside a job.
+        checkpoint_root: the job's ``checkpoint_root_dir`` (where ``trinity studio`` looks).
     """
 
     model_url: Callable[[str], str | None] = _no_model
     data_juicer: DataJuicerServiceConfig | None = None
     dry_run: bool = False
+    job_dir: str | None = None
+    checkpoint_root: str | None = None
 
 
 class Operator:
@@ -110,6 +115,15 @@ class TaskOperator(Operator):
     batch_size: int = 256
     #: Whether :meth:`process` must see every row in one call (runs in the main process).
     whole_dataset: bool = False
+    #: Whether the same rows and arguments always give the same output, so that a repeated job
+    #: may reuse the pipeline's saved output; false for output that grows with time (people's
+    #: labels): the pipeline then runs again each time.
+    reusable_output: ClassVar[bool] = True
+
+    def input_fields(self) -> list[str]:
+        """Fields of the input rows the operator reads, kept in the rows even where
+        ``task_pipeline.target_fields`` does not name them (it narrows the rows to its fields)."""
+        return []
 
     def process(self, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Mapping[str, float]]:
         """The rows to keep (changed or new dicts) and metrics about this batch (summed)."""

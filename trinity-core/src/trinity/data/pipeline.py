@@ -62,7 +62,13 @@ def operator_context(
     """The :class:`~trinity.data.operator.OperatorContext` of ``config``'s job."""
     from trinity.data.operator import OperatorContext
 
-    return OperatorContext(model_url=model_url, data_juicer=config.service.data_juicer, dry_run=dry_run)
+    return OperatorContext(
+        model_url=model_url,
+        data_juicer=config.service.data_juicer,
+        dry_run=dry_run,
+        job_dir=config.checkpoint_job_dir,
+        checkpoint_root=config.checkpoint_root_dir,
+    )
 
 
 def _contract_name(cls: type) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from trinity.config.pipelines import task_operators
+from trinity.config.pipelines import pipeline_output, task_operators, trains_on_pipeline_output
 
 if TYPE_CHECKING:
     from trinity.config import Config, InferenceModelConfig
@@ -116,7 +116,7 @@ def run_task_pipeline(
     tp = config.data_processor.task_pipeline if config.data_processor else None
     if tp is None or not task_operators(tp):
         return None
-    output = tp.output or (config.buffer.explorer_input.tasksets or [None])[0]
+    output = pipeline_output(config)
     if output is None:
         raise ValueError(
             "data_processor.task_pipeline has no output taskset: add buffer.explorer_input.taskset"
@@ -129,17 +129,23 @@ def run_task_pipeline(
     out_file = os.path.join(folder, f"{split}.jsonl")
     manifest_file = os.path.join(folder, MANIFEST)
     fingerprint = _fingerprint(tp, inputs)
-    if os.path.isfile(out_file) and os.path.isfile(manifest_file):
-        with open(manifest_file) as f:
-            manifest = json.load(f)
-        if manifest.get("fingerprint") == fingerprint:
-            logger.info("task pipeline: reusing %s (inputs and operators unchanged)", out_file)
-            return folder, {k: float(v) for k, v in manifest.get("counts", {}).items()}
     key = "data_processor.task_pipeline.operators"
     ops = [
         (op.name, build_operator(op, TaskOperator, f"{key}[{i}]")) for i, op in enumerate(task_operators(tp))
     ]
-    rows, skipped = read_inputs(inputs, list(tp.target_fields), split)
+    reusable = all(op.reusable_output for _, op in ops)  # type: ignore[attr-defined]
+    if reusable and os.path.isfile(out_file) and os.path.isfile(manifest_file):
+        with open(manifest_file) as f:
+            manifest = json.load(f)
+        if manifest.get("fingerprint") == fingerprint:
+            logger.info("task pipeline: reusing %s (inputs and operators unchanged)", out_file)
+            for _, op in ops:
+                op.close()
+            return folder, {k: float(v) for k, v in manifest.get("counts", {}).items()}
+    fields = list(tp.target_fields)
+    if fields:  # what the operators read stays in the rows too
+        fields += [f for _, op in ops for f in op.input_fields() if f not in fields]  # type: ignore[attr-defined]
+    rows, skipped = read_inputs(inputs, fields, split)
     counts: dict[str, float] = {"input_rows": float(len(rows) + skipped), "skipped_rows": float(skipped)}
     model_url = served.url if served is not None else _not_served(config.explorer.auxiliary_models)
     bind_operators(ops, operator_context(config, model_url), key)
@@ -205,9 +211,13 @@ def apply_task_pipeline(config: Config, served: ModelServer | None = None) -> Co
         f"tasks in {folder}",
         flush=True,
     )
+    trains_on_it = trains_on_pipeline_output(config)
     config = config.model_copy(deep=True)
     tp = config.data_processor.task_pipeline
-    target = tp.output if tp.output is not None else config.buffer.explorer_input.tasksets[0]
+    if trains_on_it:
+        target = config.buffer.trainer_input.experience_buffer
+    else:
+        target = tp.output if tp.output is not None else config.buffer.explorer_input.tasksets[0]
     target.path = folder
     target.subset_name = None
     if tp.output is not None and config.buffer.explorer_input.tasksets:
