@@ -21,7 +21,7 @@ import pytest
 from trinity.monitor.tensorboard import read_scalars
 from trinity.testing.jobs import tiny_job, write_job
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _person(api_url: str, good: dict[str, str], done: list[dict], stop: threading.Event) -> None:
