@@ -21,7 +21,8 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -327,10 +328,13 @@ def connect(config: Config) -> Any:
     """
     import ray
 
+    address, origin = resolve_address(config.cluster.ray_address, os.environ)
     if ray.is_initialized():
+        # A later stage of the same job on the Ray its first stage started (see
+        # :func:`end_stage`): what this stage asks for is checked again.
+        check_resources(config, ray.nodes(), address or "")
         return ray
     runtime_env = {"env_vars": travelling_env(os.environ)}
-    address, origin = resolve_address(config.cluster.ray_address, os.environ)
     if address is None:
         # No cluster named: start our own. Probing for "any running cluster" can latch onto a
         # stale or dying local one (its session file outlives it), so that is opt-in
@@ -387,3 +391,59 @@ def connect(config: Config) -> Any:
         ray.shutdown()  # disconnects; a cluster this job joined keeps running
         raise
     return ray
+
+
+def end_stage(
+    ray: Any, config: Config, more_stages: bool, actor_names: Sequence[tuple[str, str]] = ()
+) -> None:
+    """What a stage leaves on Ray when it ends (its explorer and trainer actors are already
+    killed, and whatever they owned with them).
+
+    A job that joined a cluster disconnects after each stage, as it always has (the cluster
+    keeps running; the next stage connects again). A job on a Ray of its own keeps that Ray for
+    its next stage (starting a local Ray takes seconds: a 15-stage job spent about a third of its
+    time on it) and removes what would outlive the stage instead: the detached queue actor of its
+    experience buffer (a stage's rows are not the next stage's; any SQL mirror keeps them) and
+    the placement groups its actors made (vLLM engines, veRL workers), which Ray scopes to the
+    driver, not to the actor that made them. ``actor_names``: ``(name, namespace)`` of the
+    stage's killed actors, waited for until Ray has let go of their names (a next stage in the
+    same namespace takes them again). After the last stage, or when ``more_stages`` is false,
+    the Ray is shut down.
+    """
+    from trinity.config.resolve import joins_cluster
+
+    if not more_stages or joins_cluster(config):
+        ray.shutdown()
+        return
+    exp = config.buffer.trainer_input.experience_buffer
+    if exp is not None and exp.storage_type == "queue":
+        from trinity.buffer.queue import kill_queue_actor
+
+        kill_queue_actor(exp.name or "experience", exp.ray_namespace)
+    remove_placement_groups(ray)
+    deadline = time.monotonic() + _KILL_WAIT_S
+    for name, namespace in actor_names:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name, namespace=namespace)
+            except ValueError:
+                break  # gone, its name free
+            time.sleep(0.05)
+
+
+#: How long a stage's end waits for Ray to let go of its killed actors' names.
+_KILL_WAIT_S = 30.0
+
+
+def remove_placement_groups(ray: Any) -> int:
+    """Remove every placement group still alive on this process's Ray (a Ray of the job's own:
+    they are all the job's). Returns how many were removed."""
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    removed = 0
+    for group_id, info in ray.util.placement_group_table().items():
+        if info.get("state") == "REMOVED":
+            continue
+        remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id))))
+        removed += 1
+    return removed

@@ -38,26 +38,38 @@ def run(config: Config) -> int:
     report.setup_driver_logging()
     previous_checkpoint: str | None = None
     stages = stage_configs(config)
-    for index, stage in enumerate(stages):
-        if previous_checkpoint is not None:
-            # Each stage starts from the weights the previous one ended with.
-            stage = start_from(stage, previous_checkpoint)
-        label = stage.name if len(stages) > 1 else config.name
-        report.stage_starts(index, len(stages), label, stage.mode)
-        try:
-            result = run_stage(stage)
-        except KeyboardInterrupt as exc:
-            report.interrupted(exc)
-            return 128 + _stop_signal  # EXIT_INTERRUPTED (130) for Ctrl-C, 143 for SIGTERM
-        except JobFailed as exc:
-            report.job_failed(exc)
-            return EXIT_FAILED
-        if result.shortfall:
-            if index + 1 < len(stages):
-                report.later_stages_not_run()
-            return EXIT_FAILED
-        previous_checkpoint = result.final_checkpoint or previous_checkpoint
-    return EXIT_OK
+    try:
+        for index, stage in enumerate(stages):
+            if previous_checkpoint is not None:
+                # Each stage starts from the weights the previous one ended with.
+                stage = start_from(stage, previous_checkpoint)
+            label = stage.name if len(stages) > 1 else config.name
+            report.stage_starts(index, len(stages), label, stage.mode)
+            try:
+                result = run_stage(stage, more_stages=index + 1 < len(stages))
+            except KeyboardInterrupt as exc:
+                report.interrupted(exc)
+                return 128 + _stop_signal  # EXIT_INTERRUPTED (130) for Ctrl-C, 143 for SIGTERM
+            except JobFailed as exc:
+                report.job_failed(exc)
+                return EXIT_FAILED
+            if result.shortfall:
+                if index + 1 < len(stages):
+                    report.later_stages_not_run()
+                return EXIT_FAILED
+            previous_checkpoint = result.final_checkpoint or previous_checkpoint
+        return EXIT_OK
+    finally:
+        _shutdown_ray()
+
+
+def _shutdown_ray() -> None:
+    """Stop (or leave) the Ray the job's stages ran on, if a stage kept it for the next one."""
+    import sys
+
+    ray = sys.modules.get("ray")  # never imported: nothing to stop (and keep `run` light)
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 def _init_ray(config: Config) -> Any:
@@ -71,9 +83,10 @@ def _init_ray(config: Config) -> Any:
         raise JobFailed(str(exc)) from None
 
 
-def run_stage(config: Config) -> StageResult:
+def run_stage(config: Config, *, more_stages: bool = False) -> StageResult:
     """Run one stage (one resolved config) to completion, recording its status in
-    ``<job dir>/run_status.json`` (:mod:`trinity.run_status`)."""
+    ``<job dir>/run_status.json`` (:mod:`trinity.run_status`). ``more_stages``: a later stage
+    of the job follows, and may reuse the Ray this one started (:func:`trinity.cluster.end_stage`)."""
     from trinity.run_status import write_run_status
     from trinity.trainer.checkpoint import apply_continue_rule
 
@@ -84,14 +97,15 @@ def run_stage(config: Config) -> StageResult:
         config = renamed
     start = _Start()
     if config.mode == "bench":
-        return _run_stage(config, start)  # it evaluates another run's folder: that run's status stands
+        # It evaluates another run's folder: that run's status stands.
+        return _run_stage(config, start, more_stages)
     job_dir = config.checkpoint_job_dir
     created = _first_missing(job_dir, config.checkpoint_root_dir)
     write_run_status(job_dir, "running")
     save_config(config)
     try:
         with _trainer_job_heartbeat(config):
-            result = _run_stage(config, start)
+            result = _run_stage(config, start, more_stages)
     except KeyboardInterrupt as exc:
         write_run_status(job_dir, "interrupted", f"stopped by {_stop_signal.name}")
         _remove_unstarted(config, created, start, exc)
@@ -191,9 +205,10 @@ def _remove_unstarted(config: Config, created: Path | None, start: _Start, exc: 
     exc.add_note(f"{job_dir} removed: this start stopped before its actors were up (nothing to keep)")
 
 
-def _run_stage(config: Config, start: _Start | None = None) -> StageResult:
+def _run_stage(config: Config, start: _Start | None = None, more_stages: bool = False) -> StageResult:
     from trinity.actors import ExplorerActor, TrainerActor
     from trinity.buffer.factory import check_buffer_is_free
+    from trinity.cluster import end_stage
     from trinity.config.pipelines import trains_on_pipeline_output
     from trinity.monitor import get_monitor, get_monitors
     from trinity.placement import actor_resources, cpu_shares, runs
@@ -250,14 +265,16 @@ def _run_stage(config: Config, start: _Start | None = None) -> StageResult:
         # A user's OMP_NUM_THREADS travels to the actors (above) and wins over our share.
         shares = {} if "OMP_NUM_THREADS" in os.environ else cpu_shares(config, gpus)
         if runs(config, "explorer"):
-            explorer = ExplorerActor.options(name=config.explorer.name, **resources["explorer"]).remote(
-                config, shares.get("explorer")
-            )
+            # The namespace is explicit: a later stage runs on the Ray (and the driver's
+            # namespace) of the first.
+            explorer = ExplorerActor.options(
+                name=config.explorer.name, namespace=config.ray_namespace, **resources["explorer"]
+            ).remote(config, shares.get("explorer"))
             actors.append(explorer)
         if runs(config, "trainer"):
-            trainer = TrainerActor.options(name=config.trainer.name, **resources["trainer"]).remote(
-                config, shares.get("trainer")
-            )
+            trainer = TrainerActor.options(
+                name=config.trainer.name, namespace=config.ray_namespace, **resources["trainer"]
+            ).remote(config, shares.get("trainer"))
             actors.append(trainer)
         # Construction errors surface here, with the actor named.
         get(ray, [a.ready.remote() for a in actors], "starting actors")
@@ -288,7 +305,8 @@ def _run_stage(config: Config, start: _Start | None = None) -> StageResult:
             _release_unfinished_reads(config, loop.reader_position)
         if queue_job is not None:
             _leave_queue(config, queue_job)
-        ray.shutdown()
+        named = [(c.name, config.ray_namespace) for c in (config.explorer, config.trainer)]
+        end_stage(ray, config, more_stages, actor_names=named if actors else [])
 
 
 def _join_queue(config: Config) -> str | None:
