@@ -184,7 +184,9 @@ def test_explore_and_train_jobs_survive_a_killed_explorer(tmp_path, math_job, jo
 def test_a_trainer_whose_explorer_was_killed_stops_waiting_and_says_why(tmp_path, math_job, job_env):
     math_job(tmp_path, train=200, test=4, difficulty=3)
     _write(tmp_path, "explore")
-    _write(tmp_path, "train", timeout=20)
+    # Its first batch is written before the explorer is killed; the wait for the second ends
+    # after max_read_timeout (the gone writers are seen at once).
+    _write(tmp_path, "train", timeout=6)
     explorer = _start(tmp_path, "explore", job_env)
     trainer = None
     try:

@@ -225,6 +225,7 @@ def _bound_holds_with(mode: str, sentinel: Path, timeout: float) -> None:
     assert not sentinel.exists()
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 @pytest.mark.parametrize("mode", ["python", "c"])
 def test_the_bound_holds_when_the_verifier_is_slow(mode: str, slow_verifiers, sentinel: Path) -> None:
     slow_verifiers(mode)
@@ -234,6 +235,7 @@ def test_the_bound_holds_when_the_verifier_is_slow(mode: str, slow_verifiers, se
     _bound_holds_with(mode, sentinel, timeout=0.3)
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 def test_the_bound_holds_on_a_loaded_machine_with_a_verifier_stuck_in_c(
     slow_verifiers, sentinel: Path, busy_cores: None
 ) -> None:

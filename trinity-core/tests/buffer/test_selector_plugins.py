@@ -388,6 +388,7 @@ def test_feature_keys_and_kwargs_warn_only_where_nothing_reads_them(monkeypatch)
 # -- end to end: an explore step feeds the selector ---------------------------------------------------
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 def test_explore_step_feeds_the_selector(tmp_path, plugin, tiny_model):
     from trinity.rollout.transformers_engine import TransformersEngine
 

@@ -160,6 +160,7 @@ def test_a_buffer_name_too_long_for_the_database_fails_with_one_clear_line(sql_u
             storage.counts()
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 def test_processes_opening_a_new_buffer_at_once_all_succeed(tmp_path, sql_url):
     # An explorer job and a trainer job started together both find no table and create it.
     # Four processes open the same 20 new buffers in turn: every opening is a race.

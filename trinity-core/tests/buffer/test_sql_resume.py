@@ -70,6 +70,7 @@ def test_repeated_ids_inside_one_batch_are_all_kept_and_a_redo_still_skips_them(
     assert [e.reward for e in SQLReader(storage).read(5, timeout=0)] == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 def test_the_same_batch_written_by_two_processes_at_once_is_stored_once(sql_url, sql_rows):
     url = sql_url
     SQLStorage(url, "exp").counts()

@@ -652,6 +652,7 @@ def test_sql_read_stops_waiting_when_every_writer_was_killed(sql_url, make_exper
     assert reader.writers_gone.endswith("and no explorer took over")
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 def test_sql_read_keeps_waiting_for_a_restarted_explorer_that_takes_over(sql_url, make_experience):
     url = sql_url
     storage = SQLStorage(url, "exp")

@@ -92,6 +92,7 @@ def service():
     proc.wait(10)
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 def test_a_recipe_through_an_auto_started_service_equals_it_in_process():
     local = DataJuicerOperator(process=RECIPE)
     local.bind(OperatorContext())
@@ -115,6 +116,7 @@ def test_a_recipe_through_an_auto_started_service_equals_it_in_process():
     assert started.process.wait(15) is not None and dj_client._local is None
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 def test_a_running_service_at_server_url_with_its_token(service, monkeypatch):
     config = DataJuicerServiceConfig(server_url=service)
     monkeypatch.setenv("TRINITY_DJ_TOKEN", "wrong")

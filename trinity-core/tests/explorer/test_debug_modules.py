@@ -181,6 +181,7 @@ def _run_workflow(config, plugins, out, *extra):
     return result.output, [json.loads(line) for line in out.read_text().splitlines()]
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 def test_workflow_uses_the_served_inference_model(tmp_path, tiny_model_path, debug_job, manager):
     config, plugins = _setup(debug_job)
     judge = (

@@ -166,6 +166,7 @@ ray.shutdown()
 """
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 @pytest.mark.parametrize(("env", "expected"), [({}, 3), ({"RAY_worker_niceness": "7"}, 10)])
 def test_workers_of_a_local_ray_run_at_the_launching_processs_priority(env, expected):
     """Ray's default is niceness +15: on a busy machine the actors, which do the job's work,
@@ -323,6 +324,7 @@ def _is_loopback(ip: str) -> bool:
     return (mapped or address).is_loopback
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 def test_a_local_ray_listens_on_loopback_only():
     """A job's own Ray (no cluster named): every listening socket of the processes it started
     (GCS, raylet, agents, the workers and the driver's core worker) is on a loopback address.

@@ -218,6 +218,7 @@ def test_receiver_that_never_joins_times_out_clearly():
     master.close()
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 def test_trainer_that_never_opens_its_store_times_out_clearly():
     import socket
 

@@ -204,6 +204,7 @@ def test_every_transport_moves_the_trainers_current_weights(local_ray, tmp_path,
     transport.close()
 
 
+@pytest.mark.slow  # over ~3 s on 2 cores: not in `nox -s unit`
 def test_a_side_that_refuses_fails_the_sync_with_every_sides_reason(local_ray, tmp_path, monkeypatch):
     monkeypatch.setattr("trinity.sync.transport.COLLECT_ERRORS_S", 10.0)
     trainer = _Trainer.remote(str(tmp_path))
