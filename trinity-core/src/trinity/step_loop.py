@@ -10,7 +10,6 @@ stage's weight transport, the checkpoint folder) and prints through :mod:`trinit
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -20,10 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from trinity import report
 from trinity.job import ExploreStepResult, JobFailed, StageResult, TrainStepResult
+from trinity.sync.stage_weights import ExplorerJobBroadcast, open_weight_sync, sync_or_fail
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from trinity.config import Config
     from trinity.sync import Synchronizer, WeightTransport
 
@@ -146,7 +144,7 @@ class StepLoop:
         explore_ref = train_ref = None
         explorer_done, trainer_done = explorer is None, trainer is None
         start = time.monotonic()
-        weights = self.weights = _open_weight_sync(ray, config, explorer, trainer)
+        weights = self.weights = open_weight_sync(ray, config, explorer, trainer)
         if explorer is not None and config.explorer.eval_on_startup and self.explorer_step == 0:
             self.eval(0)
 
@@ -217,7 +215,7 @@ class StepLoop:
             self.pending_evals.clear()
             self.eval(self.explorer_step)
         if weights is not None:
-            _sync(weights.close)  # a later stage (new actors) opens a transport of its own
+            sync_or_fail(weights.close)  # a later stage (new actors) opens a transport of its own
         if self.explorer_job is not None:
             self.explorer_job.close()
         return self.finish(total, final_checkpoint, time.monotonic() - start)
@@ -283,7 +281,7 @@ class StepLoop:
     def sync_weights(self, why: str) -> None:
         """Move the trainer's current weights to the explorer (both are between steps)."""
         before = self.explorer_version
-        self.explorer_version = _sync(self.weights.sync)
+        self.explorer_version = sync_or_fail(self.weights.sync)
         # Debug: on-policy this happens every step, and the console's progress line says enough.
         logger.debug(
             "synced weights version %d -> %d (explorer step %d, trainer step %d): %s",
@@ -486,82 +484,4 @@ class StepLoop:
         )
 
 
-class ExplorerJobBroadcast:
-    """A train-only stage's broadcast to its explore job's explorer actor (``sync_method: nccl``
-    across a decoupled pair, both jobs on one Ray cluster; the actor is found by name in the
-    run's namespace). Before that job's actor exists, and after it ended, the weights are not
-    sent (said once each)."""
-
-    def __init__(self, ray: Any, config: Config, trainer: Any) -> None:
-        self.ray, self.config, self.trainer = ray, config, trainer
-        self.transport: WeightTransport | None = None
-        # "not found" (not looked for yet), "waiting" (said so once), "open" or "gone" (that job ended)
-        self.state = "not found"
-
-    def broadcast(self, trainer_step: int) -> None:
-        """Broadcast the trainer's current weights (the broadcast waits for the explore job's
-        step in flight)."""
-        from trinity.sync import WeightSyncFailed
-        from trinity.sync.transport import BroadcastTransport
-
-        config = self.config
-        if self.state == "gone":
-            return
-        if self.transport is None:
-            try:
-                peer = self.ray.get_actor(config.explorer.name, namespace=config.ray_namespace)
-            except ValueError:
-                if self.state == "not found":
-                    report.no_explorer_job_yet(trainer_step, config.explorer.name, config.ray_namespace)
-                    self.state = "waiting"
-                return
-            transport = BroadcastTransport(self.ray, peer, self.trainer, config.synchronizer.sync_timeout)
-            try:
-                why = transport.open()
-            except WeightSyncFailed as exc:
-                raise JobFailed(f"weight sync with the explorer job: {exc}") from exc
-            logger.info("sync_method nccl with the explorer job: %s", why)
-            self.transport, self.state = transport, "open"
-        try:
-            version = self.transport.sync()
-        except WeightSyncFailed as exc:
-            if "an actor died" not in str(exc):
-                raise JobFailed(f"weight sync with the explorer job: {exc}") from exc
-            self.state, self.transport = "gone", None
-            report.explorer_job_ended(trainer_step)
-            return
-        report.broadcast_sent(trainer_step, version)
-
-    def close(self) -> None:
-        if self.transport is not None:
-            with contextlib.suppress(Exception):  # the explorer job may have ended first
-                self.transport.close()
-
-
-def _open_weight_sync(ray: Any, config: Config, explorer: Any, trainer: Any) -> WeightTransport | None:
-    """The stage's weight transport (``synchronizer.sync_method``), opened; ``None`` unless the
-    stage runs both explorer and trainer. What it chose (``nccl``: the backend) is logged once."""
-    if explorer is None or trainer is None:
-        return None
-    from trinity.sync import make_transport
-
-    sync = config.synchronizer
-    transport = _sync(make_transport, sync.sync_method, ray, explorer, trainer, sync.sync_timeout)
-    chosen = _sync(transport.open)
-    if chosen:
-        logger.info("sync_method %s: %s", transport.method, chosen)
-    return transport
-
-
-def _sync(call: Callable[..., Any], *args: Any) -> Any:
-    """``call(*args)``: a weight transport's ``open`` / ``sync`` / ``close``; its failure (which
-    names every side's error) fails the job."""
-    from trinity.sync import WeightSyncFailed
-
-    try:
-        return call(*args)
-    except WeightSyncFailed as exc:
-        raise JobFailed(str(exc)) from exc
-
-
-__all__ = ["ExplorerJobBroadcast", "StepLoop", "sync_method_set_for", "total_steps", "wait_report_s"]
+__all__ = ["StepLoop", "sync_method_set_for", "total_steps", "wait_report_s"]

@@ -22,7 +22,7 @@ def _print_calls(path: Path) -> list[int]:
 
 
 def test_the_launcher_and_the_step_loop_print_through_report():
-    for module in ("launcher.py", "step_loop.py", "sync/explore_job.py"):
+    for module in ("launcher.py", "step_loop.py", "sync/explore_job.py", "sync/stage_weights.py"):
         assert _print_calls(SRC / module) == [], module
     assert len(_print_calls(SRC / "report.py")) == 1  # say()
 

@@ -1,5 +1,5 @@
 """The launcher's side of weight sync: it opens the stage's transport (logging what it chose),
-syncs and closes through :func:`trinity.step_loop._sync`, which turns a transport's
+syncs and closes through :func:`trinity.sync.stage_weights.sync_or_fail`, which turns a transport's
 :class:`WeightSyncFailed` (naming every side's error; see tests/sync/test_transport.py) into a
 :class:`JobFailed` with the same message."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from trinity.job import JobFailed
-from trinity.step_loop import _open_weight_sync, _sync
+from trinity.sync.stage_weights import open_weight_sync, sync_or_fail
 from trinity.sync.transport import WeightSyncFailed
 
 
@@ -20,8 +20,8 @@ def test_the_launcher_fails_the_job_with_the_transports_message():
         raise WeightSyncFailed("weight sync (broadcast of version 2): WeightSyncError('rank 1 refused')")
 
     with pytest.raises(JobFailed, match=r"^weight sync \(broadcast of version 2\): WeightSyncError"):
-        _sync(broken)
-    assert _sync(lambda version: version, 7) == 7
+        sync_or_fail(broken)
+    assert sync_or_fail(lambda version: version, 7) == 7
 
 
 class _Transport:
@@ -48,10 +48,10 @@ def test_a_stage_opens_one_transport_and_logs_what_it_chose(monkeypatch, caplog)
         return _Transport("no CUDA device, broadcasting over gloo to 2 rank(s)")
 
     monkeypatch.setattr("trinity.sync.make_transport", make)
-    assert _open_weight_sync(None, _config(), None, "trainer") is None  # nothing to sync to
-    assert _open_weight_sync(None, _config(), "explorer", None) is None
+    assert open_weight_sync(None, _config(), None, "trainer") is None  # nothing to sync to
+    assert open_weight_sync(None, _config(), "explorer", None) is None
     with caplog.at_level(logging.INFO, logger="trinity.launcher"):
-        transport = _open_weight_sync(None, _config(), "explorer", "trainer")
+        transport = open_weight_sync(None, _config(), "explorer", "trainer")
     assert made == [("nccl", "explorer", "trainer", 60)] and isinstance(transport, _Transport)
     assert [r.getMessage() for r in caplog.records if r.name == "trinity.launcher"] == [
         "sync_method nccl: no CUDA device, broadcasting over gloo to 2 rank(s)"
@@ -60,4 +60,4 @@ def test_a_stage_opens_one_transport_and_logs_what_it_chose(monkeypatch, caplog)
         "trinity.sync.make_transport", lambda *a: _Transport(fail="weight sync set-up: no GPU for nccl")
     )
     with pytest.raises(JobFailed, match=r"^weight sync set-up: no GPU for nccl$"):
-        _open_weight_sync(None, _config(), "explorer", "trainer")
+        open_weight_sync(None, _config(), "explorer", "trainer")

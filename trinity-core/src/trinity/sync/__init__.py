@@ -8,6 +8,8 @@
   its train job runs (and whether to wait for the checkpoint it needs);
 - :mod:`trinity.sync.explore_job`: ``ExploreJobSync``, a decoupled explore job's waits for its
   train job's weights (how long, when it gives up), which the step loop performs;
+- :mod:`trinity.sync.stage_weights`: a stage's transport as the step loop uses it (opened, each
+  call failing the job in one line) and a train-only stage's broadcast to its explore job;
 - :mod:`trinity.sync.memory`: the trainer's weights packed as CPU tensors (``memory``);
 - :mod:`trinity.sync.broadcast`: ``WeightSender`` (trainer, rank 0) and ``WeightReceiver``
   (each rollout rank) broadcasting over the group of :mod:`trinity.sync.group` (``GroupSpec``,
