@@ -35,6 +35,7 @@ from trinity.workflow import Task
 from trinity_math.judge import (
     FAILURES,
     FALLBACKS,
+    Judge,
     JudgeFailure,
     Verdict,
     ask_judge,
@@ -99,8 +100,12 @@ class MathRULERWorkflow(MathWorkflow):
     WORKFLOW_ARGS: ClassVar[tuple[str, ...]] = ("judge_timeout", "judge_retries", "fallback_reward")
 
     def __init__(self, *, task: Task, model: Any, auxiliary_models: list[Any] | None = None) -> None:
-        self.judge = model_judge(auxiliary_models, self.workflow_name)
+        self.judge: Judge = self.make_judge(auxiliary_models)
         super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
+
+    def make_judge(self, auxiliary_models: list[Any] | None) -> Judge:
+        """The judge: the first auxiliary model (a subclass may bring its own :class:`Judge`)."""
+        return model_judge(auxiliary_models, self.workflow_name)
 
     @property
     def display_name(self) -> str:
