@@ -194,8 +194,9 @@ def rm_gallery(session: nox.Session) -> None:
     ``rm-gallery`` extra: the packages RM-Gallery's reward classes do import (loguru, retry,
     tabulate, pandas; pydantic, numpy, datasets and math-verify come with the core and the
     plugin). The tests import ``rm_gallery`` and run its registry, data schema and rewards
-    (``math_verify_reward`` on math-verify 0.9, ``reasoning_format``) for real; none of the
-    left-out packages is imported on those paths.
+    (``math_verify_reward`` on math-verify 0.9, ``reasoning_format``) for real, and a one-step
+    ``trinity run`` of Trinity-RFT's grpo_math example scored by it; none of the left-out
+    packages is imported on those paths.
     """
     session.install(TORCH_SPEC)
     # TORCH_SPEC in the same install: no dependency may swap the CPU build.
@@ -212,6 +213,7 @@ def rm_gallery(session: nox.Session) -> None:
         "no:cacheprovider",
         "trinity-plugins-math/tests/test_rm_gallery.py",
         "trinity-plugins-math/tests/test_plugin.py",
+        "tests/e2e/test_rm_gallery_run.py",
         *(session.posargs or ["-q"]),
         env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
     )

@@ -1,0 +1,86 @@
+"""End to end: Trinity-RFT's grpo_math example (math_rm_workflow + rm_gallery_reward with
+RM-Gallery's math_verify_reward; stored unchanged in trinity-plugins-math/tests/upstream_configs/)
+trains a step on CPU with the tiny model, RM-Gallery scoring in the explorer's runners.
+
+The job is upstream's YAML with only what a CPU machine needs changed (tiny model and data, batch
+and repeat sizes, the transformers engine and native trainer, the default synchronizer instead
+of nccl). It needs RM-Gallery, which the main test venv cannot have: ``nox -s rm_gallery`` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trinity.testing.jobs import deep_merge, write_job
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        __import__("importlib").util.find_spec("rm_gallery") is None,
+        reason="rm-gallery is not installed here (it pins transformers<5 and math-verify<0.8, which this "
+        "venv cannot have); `nox -s rm_gallery` installs it and runs this test",
+    ),
+]
+
+UPSTREAM = Path(__file__).parents[2] / "trinity-plugins-math" / "tests" / "upstream_configs"
+
+
+def test_grpo_math_trains_a_step_scored_by_rm_gallery(tmp_path, math_job, trinity_run):
+    from trinity.monitor.tensorboard import read_scalars
+
+    root = math_job(tmp_path, train=4, test=1)
+    # Upstream's taskset reads question / gt_answer.
+    rows = [json.loads(line) for line in (root / "data" / "train.jsonl").read_text().splitlines()]
+    (root / "math").mkdir()
+    (root / "math" / "train.jsonl").write_text(
+        "".join(json.dumps({"question": r["question"], "gt_answer": r["answer"]}) + "\n" for r in rows)
+    )
+    upstream = yaml.safe_load((UPSTREAM / "grpo_math.yaml").read_text())
+    config = deep_merge(upstream, {"cluster": None, "synchronizer": None, "trainer": None, "explorer": None})
+    config = deep_merge(
+        config,
+        {
+            "checkpoint_root_dir": f"{root}/ckpt",
+            "algorithm": {"repeat_times": 2},
+            "model": {"model_path": f"{root}/model", "max_prompt_tokens": 128, "max_response_tokens": 8},
+            "buffer": {
+                "batch_size": 2,
+                "total_steps": 1,
+                "explorer_input": {"taskset": {"path": f"{root}/math"}},
+                "trainer_input": {
+                    "experience_buffer": {"storage_type": "sql", "path": f"sqlite:///{root}/buffer.db"}
+                },
+            },
+            "explorer": {
+                "eval_on_startup": False,
+                "runner_per_model": 2,
+                "rollout_model": {
+                    "engine_type": "transformers",
+                    "engine_num": 1,
+                    "dtype": "float32",
+                    "seed": 1,
+                },
+            },
+            "trainer": {"trainer_type": "native", "dtype": "float32"},
+            "monitor": {"monitor_type": "tensorboard"},
+        },
+    )
+    taskset = config["buffer"]["explorer_input"]["taskset"]
+    assert (taskset["default_workflow_type"], taskset["default_reward_fn_type"]) == (
+        "math_rm_workflow",
+        "rm_gallery_reward",
+    )
+    trinity_run(write_job(root / "job.yaml", config))
+
+    job = root / "ckpt" / "grpo_math" / "grpo_math_example"
+    explorer = read_scalars(job / "monitor" / "tensorboard" / "explorer")
+    trainer = read_scalars(job / "monitor" / "tensorboard" / "trainer")
+    # RM-Gallery scored every rollout (its dimension is the reward's part), none failed.
+    assert "rollout/math_verify" in explorer, sorted(explorer)
+    assert explorer["rollout/reward_failed"][-1][1] == 0.0
+    assert trainer["trainer/num_experiences"][-1][1] == 4.0
