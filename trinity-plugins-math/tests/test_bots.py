@@ -143,6 +143,24 @@ def test_chat_prompt_is_sent_as_is_and_scored_against_the_nested_truth(log_file)
     assert not log_file.exists()  # only the collecting workflow writes the log
 
 
+def test_a_system_prompt_beside_chat_prompts_is_reported_once(caplog, monkeypatch):
+    import logging
+
+    monkeypatch.setattr(bots, "_warned_unused_format", {})
+    rows = guru_rows(2)
+    model = ChatModel(solves({}))
+    with caplog.at_level(logging.WARNING, logger="trinity_math.bots"):
+        for row in rows:
+            task = guru_task(row, BOTSMathBoxedWorkflow, system_prompt="Be brief.")
+            task.taskset_name = "math-train"
+            BOTSMathBoxedWorkflow(task=task, model=model).run()
+    assert model.calls == [r["prompt"] for r in rows]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [
+        "taskset 'math-train': format.system_prompt not used: its prompts are chats, sent as they are"
+    ]
+
+
 def test_a_text_prompt_gets_the_boxed_messages():
     row = {"question": "What is 2 + 2?", "answer": {"value": "4"}}
     task = Task(

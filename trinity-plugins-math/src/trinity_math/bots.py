@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -44,6 +45,10 @@ LOG_FILE_ENV = "BOTS_REF_EVAL_LOG_FILE"
 """Environment variable naming the reference-evaluation log (Trinity-RFT's name)."""
 DEFAULT_LOG_FILE = "./bots_ref_eval_log.jsonl"
 """The log when ``$BOTS_REF_EVAL_LOG_FILE`` is not set (relative to the runner's folder)."""
+logger = logging.getLogger(__name__)
+# Tasksets already told that their system prompt / reply prefix does not apply to chat prompts.
+_warned_unused_format: dict[str, bool] = {}
+
 UPSTREAM_CLASS_PATH = "examples.bots.workflow.bots_math_boxed_workflow.BOTSMathBoxedWorkflow"
 """The class path Trinity-RFT's ``bots.yaml`` names as its workflow."""
 
@@ -115,6 +120,15 @@ class BOTSMathBoxedWorkflow(MathBoxedWorkflow):
 
     def format_messages(self) -> list[dict[str, str]]:
         if isinstance(self.task_desc, list):
+            fmt = self.task.format_args
+            unused = [k for k in ("system_prompt", "reply_prefix") if getattr(fmt, k)]
+            if unused and not _warned_unused_format.get(self.task.taskset_name):
+                _warned_unused_format[self.task.taskset_name] = True
+                logger.warning(
+                    "taskset %r: format.%s not used: its prompts are chats, sent as they are",
+                    self.task.taskset_name,
+                    " and format.".join(unused),
+                )
             return [dict(m) for m in self.task_desc]  # the prompts are chats already
         return super().format_messages()
 
