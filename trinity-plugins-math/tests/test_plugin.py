@@ -47,7 +47,9 @@ def test_conformance(kind: str, name: str, cls: type) -> None:
         kwargs = {"response": "<answer>1+2</answer>", "truth": '{"target": 3, "numbers": [1, 2]}'}
     if name == "rm_gallery_reward":
         # RM-Gallery (the optional extra) runs it; nox -s rm_gallery has it installed.
-        pytest.importorskip("rm_gallery", reason="rm-gallery is not installed here (nox -s rm_gallery has it)")
+        pytest.importorskip(
+            "rm_gallery", reason="rm-gallery is not installed here (nox -s rm_gallery has it)"
+        )
         kwargs = {"init_args": {"reward_name": "math_verify_reward"}}
     check_component(kind, cls, **kwargs)
 
