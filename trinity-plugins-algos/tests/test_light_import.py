@@ -26,7 +26,7 @@ def test_every_name_registered_under_the_plugin(algos_manager):
         },
         "policy_loss_fn": {
             "ppo", "opmd", "sft", "dpo", "gspo", "cispo", "mix", "topr", "sft_is", "sft_phi",
-            "mix_chord", "sppo", "rec", "sapo", "importance_sampling",
+            "mix_chord", "sppo", "rec", "sapo", "importance_sampling", "m2po",
         },
         "kl_fn": {"none", "k1", "k2", "k3", "low_var_kl", "abs", "corrected_k3"},
         "entropy_loss_fn": {"default", "none", "mix"},
@@ -34,7 +34,7 @@ def test_every_name_registered_under_the_plugin(algos_manager):
         "selector": {"sequential", "shuffle", "random", "offline_easy2hard", "difficulty_based"},  # core + ours
         "algorithm_type": {
             "ppo", "grpo", "dapo", "opmd", "asymre", "rloo", "reinforceplusplus", "gspo", "cispo",
-            "dpo", "sft", "mix", "cpt", "topr", "sapo", "mix_chord", "raft", "sppo", "rec",
+            "m2po", "dpo", "sft", "mix", "cpt", "topr", "sapo", "mix_chord", "raft", "sppo", "rec",
             "multi_step_grpo", "gigpo", "on_policy_distill", "jsd", "grpo_verl",
         },
     }  # fmt: skip

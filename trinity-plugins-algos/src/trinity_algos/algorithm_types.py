@@ -6,12 +6,15 @@ rollouts per task, whether a critic or a reference model is needed, and the data
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from trinity.algorithm import AlgorithmType
 
 if TYPE_CHECKING:
     from trinity.config import Config
+
+logger = logging.getLogger(__name__)
 
 
 def _get(obj: Any, dotted: str) -> Any:
@@ -78,12 +81,79 @@ def _mix_batch_sizes(config: Config) -> dict[str, dict[str, Any]]:
     return {"policy_loss_fn_args": {"train_batch_size_usual": usual, "train_batch_size_expert": expert}}
 
 
-class _GroupBaselineAlgorithm(AlgorithmType):
+# Configurations the M2PO micro-batch warning was logged for (once per process each).
+_M2PO_WARNED: set[tuple[Any, ...]] = set()
+
+
+def _check_m2po(config: Config) -> None:
+    """Rules for the ``m2po`` policy loss, whichever algorithm type uses it.
+
+    Its ratio must be against the behaviour policy, so ``old_logprob`` must be the rollout's
+    (Trinity-RFT requires ``algorithm.bypass_old_logprobs``; here that is
+    ``trainer.use_rollout_logprobs``). And its token selection is made per loss call: where the
+    trainer may split a step into micro-batches, a warning (once) says so and how to avoid it.
+    """
+    if _get(config, "algorithm.policy_loss_fn") != "m2po":
+        return
+    if _get(config, "mode") in ("explore", "bench", "serve"):
+        return  # no trainer in this job (the explorer side of a decoupled run)
+    # veRL's rollout_correction bypass mode also makes old_logprob the rollout's.
+    bypass = _get(config, "algorithm.rollout_correction.bypass_mode") is True
+    if _get(config, "trainer.use_rollout_logprobs") is False and not bypass:
+        raise ValueError(
+            "policy_loss_fn 'm2po' measures the importance ratio against the policy that sampled the "
+            "rollouts; set trainer.use_rollout_logprobs: true (Trinity-RFT's "
+            "algorithm.bypass_old_logprobs: true)"
+        )
+    trainer = _get(config, "trainer")
+    geometry = getattr(config, "geometry", None)
+    rows = getattr(geometry, "experiences_per_train_step", None)
+    max_len = _get(config, "model.max_model_len")
+    if trainer is None or not rows:
+        return
+    budget, micro = _get(trainer, "max_token_len_per_gpu"), _get(trainer, "ppo_micro_batch_size_per_gpu")
+    if _get(trainer, "use_dynamic_bsz") and budget:
+        if not max_len or rows * max_len <= budget:
+            return
+        why = (
+            f"trainer.max_token_len_per_gpu ({budget}) is below {rows} experiences x "
+            f"model.max_model_len ({max_len})"
+        )
+        fix = f"raise trainer.max_token_len_per_gpu to {rows * max_len}"
+    elif micro and micro < rows:
+        why = f"trainer.ppo_micro_batch_size_per_gpu ({micro}) is below the {rows} experiences of a step"
+        fix = "leave trainer.ppo_micro_batch_size_per_gpu unset"
+    else:
+        return
+    key = (why, fix)
+    if key not in _M2PO_WARNED:
+        _M2PO_WARNED.add(key)
+        logger.warning(
+            "policy_loss_fn 'm2po': the trainer may split a training step into micro-batches (%s), and "
+            "M2PO then chooses the tokens to mask within each micro-batch, not over the whole step "
+            "as the paper's Algorithm 1 does; %s for the exact selection",
+            why,
+            fix,
+        )
+
+
+class _RolloutAlgorithm(AlgorithmType):
+    """Algorithms that train on the explorer's rollouts (any policy loss may be configured)."""
+
+    @classmethod
+    def check_config(cls, config: Config) -> None:
+        """The ``m2po`` loss's rules (:func:`_check_m2po`)."""
+        _check_m2po(config)
+
+
+class _GroupBaselineAlgorithm(_RolloutAlgorithm):
     """Algorithms whose advantage compares several rollouts of one task."""
 
     @classmethod
     def check_config(cls, config: Config) -> None:
-        """``algorithm.repeat_times`` must be > 1: a group of one has no baseline."""
+        """``algorithm.repeat_times`` must be > 1: a group of one has no baseline; the ``m2po``
+        loss's rules (:func:`_check_m2po`)."""
+        super().check_config(config)
         repeat_times = _get(config, "algorithm.repeat_times")
         if repeat_times is not None and repeat_times <= 1:
             name = _get(config, "algorithm.algorithm_type") or cls.__name__
@@ -116,7 +186,7 @@ class _OfflineAlgorithm(AlgorithmType):
             )
 
 
-class PPOAlgorithm(AlgorithmType):
+class PPOAlgorithm(_RolloutAlgorithm):
     """PPO with a critic (GAE advantages)."""
 
     use_critic = True
@@ -137,6 +207,17 @@ class GRPOAlgorithm(_GroupBaselineAlgorithm):
     def default_config(cls) -> dict[str, Any]:
         """Trinity-RFT's GRPO defaults."""
         return _rollout_defaults("grpo", "ppo")
+
+
+class M2POAlgorithm(_GroupBaselineAlgorithm):
+    """M2PO, second-moment trust policy optimisation, for stale (off-policy) rollouts
+    (https://openreview.net/forum?id=IIgl5MWelz): GRPO advantages, the ``m2po`` loss, no
+    reference model, no KL or entropy term. Needs ``trainer.use_rollout_logprobs: true``."""
+
+    @classmethod
+    def default_config(cls) -> dict[str, Any]:
+        """Trinity-RFT 0.6's M2PO defaults (8 rollouts per task)."""
+        return _rollout_defaults("grpo", "m2po", repeat_times=8, kl_loss_fn="none", entropy_loss_fn="none")
 
 
 class DAPOAlgorithm(_GroupBaselineAlgorithm):
@@ -184,7 +265,7 @@ class RLOOAlgorithm(_GroupBaselineAlgorithm):
         return _rollout_defaults("rloo", "ppo")
 
 
-class REINFORCEPlusPlusAlgorithm(AlgorithmType):
+class REINFORCEPlusPlusAlgorithm(_RolloutAlgorithm):
     """REINFORCE++: batch-whitened returns (no group baseline, so one rollout per task works)."""
 
     use_reference = True
@@ -294,7 +375,7 @@ class CPTAlgorithm(_OfflineAlgorithm):
         }
 
 
-class TOPRAlgorithm(AlgorithmType):
+class TOPRAlgorithm(_RolloutAlgorithm):
     """TOPR, tapered off-policy REINFORCE (Le Roux et al., arXiv:2503.14286)."""
 
     use_reference = True
@@ -342,7 +423,7 @@ class MIXCHORDAlgorithm(_GroupBaselineAlgorithm):
         _check_expert_buffer(config)
 
 
-class RAFTAlgorithm(AlgorithmType):
+class RAFTAlgorithm(_RolloutAlgorithm):
     """RAFT, reward-ranked fine-tuning (arXiv:2304.06767): the SFT loss on successful rollouts.
 
     The ``raft`` advantage stage keeps rows with ``reward >= reward_threshold`` (1.0 by default;
@@ -422,7 +503,7 @@ class GiGPOAlgorithm(_GroupBaselineAlgorithm):
         )
 
 
-class OnPolicyDistillAlgorithm(AlgorithmType):
+class OnPolicyDistillAlgorithm(_RolloutAlgorithm):
     """On-policy distillation: the student samples, a teacher (``explorer.auxiliary_models[0]``)
     scores its tokens, and ``A = kl_coef * (teacher_logprob - student_logprob)`` per token."""
 
@@ -441,7 +522,7 @@ class OnPolicyDistillAlgorithm(AlgorithmType):
         )
 
 
-class JSDAlgorithm(AlgorithmType):
+class JSDAlgorithm(_RolloutAlgorithm):
     """On-policy distillation with a Jensen-Shannon divergence advantage."""
 
     use_reference = False
@@ -474,6 +555,7 @@ class GRPOverlAlgorithm(_GroupBaselineAlgorithm):
 ALGORITHM_TYPES: dict[str, type[AlgorithmType]] = {
     "ppo": PPOAlgorithm,
     "grpo": GRPOAlgorithm,
+    "m2po": M2POAlgorithm,
     "dapo": DAPOAlgorithm,
     "opmd": OPMDAlgorithm,
     "asymre": AsymREAlgorithm,

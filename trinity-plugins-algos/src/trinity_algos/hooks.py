@@ -51,6 +51,7 @@ POLICY_LOSS_FNS = {
     "rec": policy_loss.RECPolicyLossFn,
     "sapo": policy_loss.SAPOPolicyLossFn,
     "importance_sampling": policy_loss.ImportanceSamplingPolicyLossFn,
+    "m2po": policy_loss.M2POPolicyLossFn,
 }
 
 KL_FNS = {

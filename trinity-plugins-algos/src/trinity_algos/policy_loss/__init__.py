@@ -7,6 +7,7 @@ from trinity_algos.policy_loss.importance import (
     GSPOPolicyLossFn,
     ImportanceSamplingPolicyLossFn,
 )
+from trinity_algos.policy_loss.m2po import M2POPolicyLossFn
 from trinity_algos.policy_loss.mix import MIXPolicyLossFn
 from trinity_algos.policy_loss.ppo import PPOPolicyLossFn
 from trinity_algos.policy_loss.rec import RECPolicyLossFn
@@ -20,6 +21,7 @@ __all__ = [
     "DPOLossFn",
     "GSPOPolicyLossFn",
     "ImportanceSamplingPolicyLossFn",
+    "M2POPolicyLossFn",
     "MIXCHORDPolicyLossFn",
     "MIXPolicyLossFn",
     "OPMDPolicyLossFn",
