@@ -57,19 +57,23 @@ def test_a_queue_without_a_path_cannot_be_shared_without_a_cluster(upstream_env,
     assert "give the queue a path" in message and "cluster.ray_address" in message
 
 
-def test_nccl_between_two_jobs_needs_one_ray_cluster(upstream_env, tmp_path, monkeypatch):
-    from trinity.config.errors import ConfigError
-
+def test_nccl_between_two_jobs_without_one_ray_cluster_syncs_through_checkpoints(
+    upstream_env, tmp_path, monkeypatch, caplog
+):
     text = (
         (UPSTREAM / "explorer.yaml").read_text().replace("sync_method: 'checkpoint'", "sync_method: 'nccl'")
     )
     (tmp_path / "explorer.yaml").write_text(text)
-    with pytest.raises(
-        ConfigError, match=r"mode 'explore' reaches only when both jobs run on one Ray cluster"
-    ):
-        load_config(tmp_path / "explorer.yaml")
+    with caplog.at_level("WARNING", logger="trinity.config.resolve"):
+        config = load_config(tmp_path / "explorer.yaml")
+    assert config.synchronizer.sync_method == "checkpoint"  # as Trinity-RFT falls back
+    (line,) = [r.getMessage() for r in caplog.records if "sync_method: 'nccl'" in r.getMessage()]
+    assert "mode 'explore' reaches only when both jobs run on one Ray cluster" in line
+    assert "syncs through checkpoints" in line
+    caplog.clear()
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")  # on one cluster: the train job broadcasts
     assert load_config(tmp_path / "explorer.yaml").synchronizer.sync_method == "nccl"
+    assert not [r for r in caplog.records if "sync_method: 'nccl'" in r.getMessage()]
 
 
 def test_the_experience_replay_example_loads_with_its_sync_style_and_priority_function(upstream_env):

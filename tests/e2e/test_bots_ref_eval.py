@@ -4,8 +4,8 @@ with the tiny model, and the log its workflow writes merges into the pass-rate c
 selector reads.
 
 The job is upstream's YAML with only what a CPU machine needs changed (tiny model, the data
-file, batch and repeat sizes, the transformers engine, checkpoint sync instead of nccl, which
-an explore-only job on a Ray of its own has nobody to broadcast to).
+file, batch and repeat sizes, the transformers engine; its nccl sync becomes checkpoint sync, as
+for any explore-only job on a Ray of its own, which has nobody to broadcast to).
 """
 
 from __future__ import annotations
@@ -57,7 +57,6 @@ def test_ref_eval_collect_runs_and_its_log_feeds_the_selector(
                 "runner_per_model": 2,
                 "rollout_model": {"engine_type": "transformers", "engine_num": 1, "dtype": "float32"},
             },
-            "synchronizer": {"sync_method": "checkpoint"},
             "trainer": {"trainer_type": "native", "dtype": "float32"},
         },
     )

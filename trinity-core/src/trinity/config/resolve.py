@@ -454,12 +454,15 @@ def _check_mode(c: Config) -> None:
         )
     _share_queue_between_jobs(c)
     if c.mode in ("explore", "train") and c.synchronizer.sync_method == "nccl" and not joins_cluster(c):
-        raise ConfigError(
-            f"sync_method 'nccl' broadcasts to the explore job's actors, which mode {c.mode!r} reaches only "
-            "when both jobs run on one Ray cluster (cluster.ray_address, after `ray start --head`); "
-            "otherwise use sync_method: checkpoint",
-            key="synchronizer.sync_method",
+        # As Trinity-RFT does (its configs set nccl in explore jobs, e.g. BOTS's ref_eval_collect):
+        # checkpoints instead, said once. On one Ray cluster the train job broadcasts instead.
+        logger.warning(
+            "synchronizer.sync_method: 'nccl' broadcasts to the explore job's actors, which mode %r "
+            "reaches only when both jobs run on one Ray cluster (cluster.ray_address, after `ray start "
+            "--head`); this job syncs through checkpoints (sync_method: checkpoint)",
+            c.mode,
         )
+        c.synchronizer.sync_method = "checkpoint"
 
 
 def joins_cluster(c: Config) -> bool:
