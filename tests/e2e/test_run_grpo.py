@@ -86,3 +86,8 @@ def test_tensorboard_events_and_ray_timeline_written(job):
     tb = monitor / "tensorboard"
     for role in ("explorer", "trainer"):
         assert list((tb / role).glob("events.out.tfevents.*")), f"no tensorboard events for {role}"
+    # The trainer-vs-engine log-prob difference crosses Ray and the step loop as a histogram.
+    from trinity.monitor.tensorboard import read_histograms
+
+    steps = read_histograms(tb / "trainer")["rollout/logprob_diff/histogram"]
+    assert [step for step, _ in steps] == [1, 2, 3, 4] and all(h.num > 0 for _, h in steps)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from trinity import report
 from trinity.job import ExploreStepResult, JobFailed, StageResult, TrainStepResult
+from trinity.monitor.base import histogram_metrics
 from trinity.sync.stage_weights import ExplorerJobBroadcast, open_weight_sync, sync_or_fail
 
 if TYPE_CHECKING:
@@ -405,7 +406,8 @@ class StepLoop:
             )
         if publishes and self.explorer_job is not None:
             self.explorer_job.broadcast(self.trainer_step)
-        self.monitors["trainer"].log(numbers(metrics), self.trainer_step)
+        # Histograms (the trainer-vs-rollout log-prob difference) go to the monitors that plot them.
+        self.monitors["trainer"].log({**numbers(metrics), **histogram_metrics(metrics)}, self.trainer_step)
         self.last_metrics.update(numbers(metrics))
 
     def run_due_evals(self) -> None:

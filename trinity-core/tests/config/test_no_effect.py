@@ -30,6 +30,7 @@ CONSUMED_IN_CONFIG = {
     "buffer.explorer_input.default_eval_workflow_type": "resolve_config gives it to eval tasksets",
     "trainer.trainer_config_path": "resolve_config loads it into trainer.trainer_config",
     "stages[*].stage_name": "resolve_config names each stage's experiment after it",
+    "algorithm.rollout_correction.loss_type": "only veRL's default (ppo_clip: the configured loss) is accepted",
 }
 
 

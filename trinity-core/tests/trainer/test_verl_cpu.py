@@ -23,6 +23,7 @@ pytest.importorskip("verl", reason="veRL is installed only in the `nox -s verl` 
 ray = pytest.importorskip("ray")
 
 from trinity.experience import EID, Experience  # noqa: E402
+from trinity.monitor.base import scalar_metrics  # noqa: E402
 
 from .conftest import make_config  # noqa: E402
 
@@ -176,7 +177,7 @@ def test_grpo_steps_train_with_our_loss_and_the_reference_model(grpo, model_path
     for metrics in grpo.metrics:
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "timing/ref", "timing/update_actor"):
             assert key in metrics, key
-        assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+        assert all(torch.isfinite(torch.tensor(v)) for v in scalar_metrics(metrics).values())
     assert grpo.metrics[0]["actor/grad_norm"] > 0
     # After two updates the policy has moved away from the reference model.
     assert grpo.metrics[1]["actor/kl_loss"] > 0

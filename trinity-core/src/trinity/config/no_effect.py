@@ -153,7 +153,6 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         "old logprobs follow `trainer.use_rollout_logprobs`; set that instead",
         lambda value, default, root: value != root.trainer.use_rollout_logprobs,
     ),
-    NoEffect("algorithm.rollout_correction", "off-policy rollout correction is not implemented"),
     # model
     NoEffect("model.chat_template_path", "not read; put the template in `model.custom_chat_template`"),
     NoEffect("model.repetition_penalty", "the rollout engines apply no repetition penalty"),

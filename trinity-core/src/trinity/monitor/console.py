@@ -123,6 +123,7 @@ class ConsoleMonitor(Monitor):
         return " ".join(parts)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.skip_histograms(metrics)
         numbers = scalar_metrics(metrics)
         if numbers and all(k.startswith("eval/") or k.startswith("timing/eval") for k in numbers):
             self.log_eval(metrics, step)  # an eval is no step: the ETA and the step stay

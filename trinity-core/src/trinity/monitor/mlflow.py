@@ -48,6 +48,7 @@ class MlflowMonitor(Monitor):
             self._client.log_param(self._run_id, _mlflow_key(key), str(value)[:500])
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.skip_histograms(metrics)
         for key, value in scalar_metrics(metrics).items():
             self._client.log_metric(self._run_id, _mlflow_key(key), value, step=step)
 

@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any
 
-from trinity.monitor.base import Monitor, scalar_metrics
+from trinity.monitor.base import Monitor, histogram_metrics, scalar_metrics
 
 
 def read_scalars(log_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, float]]]:
@@ -26,8 +26,22 @@ def read_scalars(log_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, f
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+def read_histograms(log_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, Any]]]:
+    """Every histogram in the event files of ``log_dir``: ``{tag: [(step, value)]}``, each value
+    TensorBoard's ``HistogramValue`` (``min``, ``max``, ``num``, ``bucket_limit``, ``bucket``)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"histograms": 0})
+    events.Reload()
+    return {
+        tag: [(e.step, e.histogram_value) for e in events.Histograms(tag)]
+        for tag in events.Tags()["histograms"]
+    }
+
+
 class TensorboardMonitor(Monitor):
-    """Writes every numeric metric as a scalar event, with the ``tensorboard`` package's own
+    """Writes every numeric metric as a scalar event (and every :class:`~trinity.monitor.base.Histogram`
+    as a histogram), with the ``tensorboard`` package's own
     event-file writer (what ``torch.utils.tensorboard.SummaryWriter`` writes through; importing
     that would import torch into the driver: 1.9 s of every job's start-up here, against 0.3 s)."""
 
@@ -44,6 +58,15 @@ class TensorboardMonitor(Monitor):
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         values = [Summary.Value(tag=k, simple_value=v) for k, v in scalar_metrics(metrics).items()]
+        if histograms := histogram_metrics(metrics):
+            from tensorboard.compat.proto.summary_pb2 import HistogramProto
+
+            for key, h in histograms.items():
+                proto = HistogramProto(
+                    min=h.min, max=h.max, num=h.num, sum=h.sum, sum_squares=h.sum_squares,
+                    bucket_limit=list(h.edges[1:]), bucket=[float(c) for c in h.counts],
+                )  # fmt: skip
+                values.append(Summary.Value(tag=key, histo=proto))
         if values:
             self._writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
         # Flushing each step keeps the files current for a live TensorBoard and for crashes.
@@ -70,4 +93,4 @@ def eval_curves(
     return found
 
 
-__all__ = ["TensorboardMonitor", "eval_curves", "read_scalars"]
+__all__ = ["TensorboardMonitor", "eval_curves", "read_histograms", "read_scalars"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trinity.monitor.base import Monitor, scalar_metrics
+from trinity.monitor.base import Monitor, histogram_metrics, scalar_metrics
 
 
 class WandbMonitor(Monitor):
@@ -50,7 +50,13 @@ class WandbMonitor(Monitor):
         )
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        self._run.log(scalar_metrics(metrics), step=step)
+        values: dict[str, Any] = dict(scalar_metrics(metrics))
+        if histograms := histogram_metrics(metrics):
+            import wandb
+
+            for key, h in histograms.items():
+                values[key] = wandb.Histogram(np_histogram=(list(h.counts), list(h.edges)))
+        self._run.log(values, step=step)
 
     def close(self) -> None:
         self._run.finish()

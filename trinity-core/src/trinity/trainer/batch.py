@@ -71,6 +71,9 @@ class TrainBatch(Mapping[str, Any]):
     token_level_scores: torch.Tensor | None = None  # (B, T) rewards before the KL penalty
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T)
+    # (B, T) rollout correction's importance weights, only for a policy loss that declares them
+    # (otherwise they are folded into the advantages; see trainer/rollout_correction.py)
+    rollout_is_weights: torch.Tensor | None = None
     # -- veRL back-end only (build_verl_batch)
     uids: list[str] | None = None  # the task id of each row
     #: Keys an advantage or KL function set that are not fields above, by name.

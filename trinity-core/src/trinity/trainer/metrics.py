@@ -125,6 +125,24 @@ def logprob_agreement(batch: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
+def logprob_diff_histogram(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"rollout/logprob_diff/histogram": Histogram}`` of the signed per-token difference
+    ``trainer - rollout`` over ``action_mask`` (the tokens :func:`logprob_agreement` compares;
+    TensorBoard plots it per step), or ``{}`` where there is nothing to compare. A bf16 engine
+    spreads it symmetrically around 0; a one-sided shift points at a different distribution
+    (temperature, top-k/top-p renormalisation)."""
+    from trinity.monitor.base import Histogram
+
+    if not batch.get("has_rollout_logprobs") or "old_logprob" not in batch:
+        return {}
+    mask = batch["action_mask"].bool()
+    if not mask.any():
+        return {}
+    trainer = batch["old_logprob"].float()[mask]
+    diff = trainer - batch["rollout_logprobs"].float().to(trainer.device)[mask]
+    return {"rollout/logprob_diff/histogram": Histogram.of(diff.detach().cpu().numpy())}
+
+
 class MetricAccumulator:
     """Weighted means of per-micro-batch metrics (weights = the micro-batch loss weights)."""
 
@@ -141,4 +159,4 @@ class MetricAccumulator:
         return {k: self._sums[k] / w if w else 0.0 for k, w in self._weights.items()}
 
 
-__all__ = ["MetricAccumulator", "data_metrics", "logprob_agreement"]
+__all__ = ["MetricAccumulator", "data_metrics", "logprob_agreement", "logprob_diff_histogram"]

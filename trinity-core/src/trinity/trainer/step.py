@@ -7,15 +7,20 @@ them in one order, with one set of rules:
 
 1. the batch (:class:`~trinity.trainer.batch.TrainBatch`) and the back-end's plan for it;
 2. reference log-probs (when a reference model is loaded) and critic values (PPO), no gradients;
-3. ``old_logprob``: the rollout's own with ``trainer.use_rollout_logprobs`` (when every experience
-   carries them), else recomputed — before the advantage when the KL reward penalty needs it or
+3. ``old_logprob``: the rollout's own with ``trainer.use_rollout_logprobs`` (or
+   ``algorithm.rollout_correction.bypass_mode``; when every experience carries them), else
+   recomputed — before the advantage when the KL reward penalty or rollout correction needs it or
    the back-end cannot take it from its update, else from the first epoch of the actor update
    (the same, not yet updated, weights: the same numbers without another forward pass); with
    ``old_entropy`` / ``old_nec`` when the advantage declares them;
 4. the KL reward penalty and the advantage (:meth:`~trinity.trainer.components.AlgorithmComponents.shape_rewards_and_advantages`);
-5. the critic update, then (after ``trainer.critic_warmup`` steps) the actor update;
-6. the step's metrics: the trainer-vs-rollout log-prob agreement (when ``old_logprob`` was
-   recomputed), the data statistics and timings (:func:`~trinity.trainer.metrics.step_summary`).
+5. rollout correction (``algorithm.rollout_correction``, :mod:`trinity.trainer.rollout_correction`):
+   importance weights and rejection between the rollout's and the trainer's log-probs;
+6. the critic update, then (after ``trainer.critic_warmup`` steps) the actor update;
+7. the step's metrics: the trainer-vs-rollout log-prob agreement and its histogram (when
+   ``old_logprob`` was recomputed), checked by the log-prob guard
+   (:mod:`trinity.trainer.logprob_guard`), the data statistics and timings
+   (:func:`~trinity.trainer.metrics.step_summary`).
 
 Each stage returns what it adds and the step makes a new batch with it; nothing changes a batch
 in place.
@@ -27,7 +32,8 @@ import time
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from trinity.trainer.components import MissingInputError
-from trinity.trainer.metrics import logprob_agreement, step_summary
+from trinity.trainer.logprob_guard import guard_for
+from trinity.trainer.metrics import logprob_agreement, logprob_diff_histogram, step_summary
 
 if TYPE_CHECKING:
     import torch
@@ -94,13 +100,16 @@ class StepPrimitives(Protocol):
         ...
 
 
-def train_step(backend: StepPrimitives, experiences: list[Experience]) -> dict[str, float]:
+def train_step(backend: StepPrimitives, experiences: list[Experience]) -> dict[str, Any]:
     """Train ``backend`` on one batch of experiences (see the module docstring); returns metrics
-    with Trinity-RFT names."""
+    with Trinity-RFT names (numbers, and one :class:`~trinity.monitor.base.Histogram`)."""
     start = time.perf_counter()
     timing: dict[str, float] = {}
-    metrics: dict[str, float] = {}
+    metrics: dict[str, Any] = {}
     comps = backend.components
+    guard = guard_for(backend)
+    correction = backend.config.algorithm.rollout_correction or guard.correction
+    bypass = correction is not None and correction.bypass_mode
     batch, plan = backend.prepare(experiences)
 
     def timed(name: str, fn: Any, *args: Any) -> Any:
@@ -115,14 +124,20 @@ def train_step(backend: StepPrimitives, experiences: list[Experience]) -> dict[s
         batch = batch.with_(values=timed("timing/values", backend.values, batch, plan))
 
     from_rollout = False
-    if backend.config.trainer.use_rollout_logprobs:
+    if backend.config.trainer.use_rollout_logprobs or bypass:
         rollout = comps.rollout_old_logprob(batch)
         if rollout is not None:
             batch, from_rollout = batch.with_(old_logprob=rollout), True
+    # Rollout correction compares the trainer's log-probs with the rollout's before the update.
+    correct = correction is not None and not from_rollout
     wanted = set(comps.pre_update_inputs)
     if from_rollout:
         wanted.discard("old_logprob")
-    elif comps.uses_kl_penalty or not backend.old_logprob_from_update:
+    elif (
+        comps.uses_kl_penalty
+        or not backend.old_logprob_from_update
+        or (correct and batch.has_rollout_logprobs)
+    ):
         wanted.add("old_logprob")
     unsupported = [n for n in POLICY_STATS if n in wanted and n not in backend.policy_stats_names]
     if unsupported:
@@ -135,8 +150,28 @@ def train_step(backend: StepPrimitives, experiences: list[Experience]) -> dict[s
         names = tuple(n for n in POLICY_STATS if n in wanted)
         batch = batch.with_(**timed("timing/old_log_prob", backend.policy_stats, batch, plan, names))
 
+    def agreement(compared: TrainBatch) -> None:
+        # old_logprob is the trainer's forward of the weights the rollouts were sampled with.
+        found = logprob_agreement(compared)
+        metrics.update(found)
+        metrics.update(logprob_diff_histogram(compared))
+        guard.check(found, compared.info, backend, backend.global_step + 1)
+
+    compared = not from_rollout and batch.old_logprob is not None
+    if compared:
+        agreement(batch)
+
     batch, shaping_metrics = timed("timing/adv", comps.shape_rewards_and_advantages, batch)
     metrics.update(shaping_metrics)
+    # The data statistics describe the batch as shaped, not as weighted by the correction.
+    shaped = batch
+    if correct:
+        from trinity.trainer.rollout_correction import apply_rollout_correction
+
+        batch, correction_metrics = timed(
+            "timing/rollout_correction", apply_rollout_correction, batch, correction, comps
+        )
+        metrics.update(correction_metrics)
 
     if backend.use_critic:
         metrics.update(timed("timing/update_critic", backend.update_critic, batch, plan))
@@ -145,14 +180,13 @@ def train_step(backend: StepPrimitives, experiences: list[Experience]) -> dict[s
         metrics.update(actor_metrics)
         if old_logprob is not None:
             batch = batch.with_(old_logprob=old_logprob)
-    if not from_rollout:
-        # old_logprob is the trainer's forward of the weights the rollouts were sampled with.
-        metrics.update(logprob_agreement(batch))
+    if not from_rollout and not compared:
+        agreement(batch)
     backend.global_step += 1
 
     timing["timing/step"] = time.perf_counter() - start
     max_response = backend.config.model.max_response_tokens
-    metrics.update(step_summary(batch, timing, backend.global_step, max_response))
+    metrics.update(step_summary(shaped, timing, backend.global_step, max_response))
     return metrics
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from trinity.config.sections.base import F, Section, lower_alias
 
@@ -56,6 +56,179 @@ class OptimizerConfig(Section):
         return value
 
 
+# veRL 0.9's rejection-sampling options (``rollout_rs``): statistic of the log-ratio
+# ``log r = log p_trainer - log p_rollout`` per token, or its sum / mean / max over a sequence.
+# k1 bounds the ratio itself ([lower, upper]); k2 = (log r)^2 / 2 and k3 = r - 1 - log r (KL
+# estimators, 0 when the policies agree) take an upper bound only.
+ROLLOUT_RS_OPTIONS: tuple[str, ...] = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
+# Keys of veRL 0.6's flat rollout-IS settings, and what replaced them in ``rollout_correction``.
+_LEGACY_ROLLOUT_IS = {
+    "rollout_is_level": "rollout_is: token | sequence (geometric is rollout_rs: seq_mean_k1)",
+    "rollout_is_mode": "rollout_is_threshold: 2.0 truncates, 'lower_upper' (e.g. '0.5_2.0') masks",
+    "rollout_is_threshold_lower": "rollout_is_threshold: 'lower_upper'",
+    "rollout_is_veto_threshold": "rollout_rs: token_k1 with rollout_rs_threshold",
+    "rollout_token_veto_threshold": "rollout_rs: token_k1 with rollout_rs_threshold",
+    "rollout_rs_threshold_lower": "rollout_rs_threshold: 'lower_upper'",
+}
+
+
+def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
+    """``(upper, lower)`` of ``rollout_is_threshold``: a number truncates the weights at
+    ``upper`` (TIS, ``lower`` is ``None``); ``"lower_upper"`` zeroes weights outside the range
+    (IcePop-style masking)."""
+    if isinstance(spec, bool):
+        raise ValueError("rollout_is_threshold must be a number or a 'lower_upper' string, not a boolean")
+    text = str(spec).strip()
+    lower_text, _, upper_text = text.rpartition("_") if "_" in text else ("", "", text)
+    try:
+        upper = float(upper_text)
+        lower = float(lower_text) if lower_text else None
+    except ValueError:
+        raise ValueError(
+            f"rollout_is_threshold {spec!r}: expected a number (2.0) or 'lower_upper' (0.5_2.0)"
+        ) from None
+    if upper <= 0 or (lower is not None and not 0 < lower <= upper):
+        raise ValueError(f"rollout_is_threshold {spec!r}: bounds must be positive with lower <= upper")
+    return upper, lower
+
+
+def parse_rs_thresholds(options: list[str], spec: float | str | None) -> list[tuple[float | None, float]]:
+    """``(lower, upper)`` per ``rollout_rs`` option, from ``rollout_rs_threshold``: one entry
+    shared by every option or one per option (comma-separated). A k1 option takes ``lower_upper``
+    ratio bounds (a single number ``u`` means ``1/u`` to ``u``); k2 / k3 options take an upper bound."""
+    if spec is None:
+        raise ValueError("rollout_rs is set but rollout_rs_threshold is not; give one threshold per option")
+    parts = [p.strip() for p in str(spec).split(",") if p.strip()]
+    if len(parts) not in (1, len(options)):
+        raise ValueError(
+            f"rollout_rs_threshold {spec!r}: give one threshold for all {len(options)} rollout_rs options, or one each"
+        )
+    parts = parts * len(options) if len(parts) == 1 else parts
+    out: list[tuple[float | None, float]] = []
+    for option, part in zip(options, parts):
+        try:
+            if option.endswith("k1"):
+                lower_text, _, upper_text = part.rpartition("_")
+                upper = float(upper_text)
+                lower = float(lower_text) if lower_text else 1.0 / upper
+            else:
+                if "_" in part:
+                    raise ValueError
+                upper, lower = float(part), None
+        except (ValueError, ZeroDivisionError):
+            form = "'lower_upper' or a number" if option.endswith("k1") else "one positive number"
+            raise ValueError(f"rollout_rs_threshold {part!r} for {option}: expected {form}") from None
+        if upper <= 0 or (lower is not None and not 0 < lower <= upper):
+            raise ValueError(
+                f"rollout_rs_threshold {part!r} for {option}: bounds must be positive with lower <= upper"
+            )
+        out.append((lower, upper))
+    return out
+
+
+class RolloutCorrectionConfig(Section):
+    """Correction of the mismatch between the log-probs the rollout engine sampled with and the
+    trainer's (veRL 0.9's ``algorithm.rollout_correction``, same keys and defaults; see
+    docs/algorithms.md). Unset (``null``) is off; a mapping, even empty, turns it on. The trainer
+    then recomputes ``old_logprob`` before the update and, per token ``t``, takes
+    ``r_t = exp(old_logprob_t - rollout_logprob_t)``: importance weights (``rollout_is``)
+    multiply each token's policy loss, rejection (``rollout_rs``) drops tokens or whole
+    sequences from the loss."""
+
+    rollout_is: Literal["token", "sequence"] | None = F(
+        "sequence",
+        "Importance weights: `token` (`r_t`; TRL's `token_*` modes), `sequence` (the product of the "
+        "row's `r_t`; TRL's `sequence_*`), or null (none: rejection and metrics only).",
+    )
+    rollout_is_threshold: float | str = F(
+        2.0,
+        "A number truncates the weights at it (TIS; TRL's `*_truncate` with `vllm_importance_sampling_cap`); "
+        "`'lower_upper'` (e.g. `'0.5_2.0'`) zeroes weights outside the range (TRL's `*_mask`).",
+    )
+    rollout_is_batch_normalize: bool = F(
+        False, "Divide the weights by their batch mean (per token, or per sequence), so they average 1."
+    )
+    rollout_rs: str | None = F(
+        None,
+        "Rejection sampling: comma-separated options dropping tokens or rows whose log-ratio statistic "
+        "is out of bounds: `token_k1`, `token_k2`, `token_k3`, `seq_sum_k1..k3`, `seq_mean_k1..k3` "
+        "(`seq_mean_k1` is veRL's geometric mean), `seq_max_k2`, `seq_max_k3`.",
+    )
+    rollout_rs_threshold: float | str | None = F(
+        None,
+        "Bounds of `rollout_rs`, one for all options or one per option (comma-separated): k1 options "
+        "take ratio bounds `'lower_upper'` (a number `u` means `1/u` to `u`), k2/k3 an upper bound.",
+    )
+    bypass_mode: bool = F(
+        False,
+        "veRL's bypass mode: `old_logprob` is the rollout's (as `trainer.use_rollout_logprobs`), so the PPO "
+        "ratio itself corrects against the rollout policy; weights are not applied and `rollout_rs` is refused.",
+    )
+    loss_type: Literal["ppo_clip"] = F(
+        "ppo_clip",
+        "Loss of bypass mode: `ppo_clip` (the configured policy loss); veRL's `reinforce` is not here.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, hint in _LEGACY_ROLLOUT_IS.items():
+                if key in data:
+                    raise ValueError(f"{key} is veRL's older name; use {hint}")
+        return data
+
+    @field_validator("rollout_is", "rollout_rs", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("rollout_is_threshold")
+    @classmethod
+    def _is_threshold(cls, value: float | str) -> float | str:
+        parse_is_threshold(value)
+        return value
+
+    @field_validator("rollout_rs")
+    @classmethod
+    def _rs_options(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        options = list(dict.fromkeys(o.strip() for o in value.split(",") if o.strip()))
+        bad = [o for o in options if o not in ROLLOUT_RS_OPTIONS]
+        if bad or not options:
+            raise ValueError(f"rollout_rs {value!r}: expected options among {', '.join(ROLLOUT_RS_OPTIONS)}")
+        return ",".join(options)
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> RolloutCorrectionConfig:
+        if self.rollout_rs is not None:
+            if self.bypass_mode:
+                raise ValueError(
+                    "rollout_rs with bypass_mode: true is not implemented (veRL rejects per micro-batch against "
+                    "the current policy); set bypass_mode: false to reject against the trainer's old log-probs"
+                )
+            parse_rs_thresholds(self.rs_options, self.rollout_rs_threshold)
+        return self
+
+    @property
+    def rs_options(self) -> list[str]:
+        """The ``rollout_rs`` options in order, without duplicates."""
+        return self.rollout_rs.split(",") if self.rollout_rs else []
+
+
 class AlgorithmConfig(Section):
     """Which RL algorithm to run. Components left unset come from the algorithm type's
     ``default_config()``; ``*_args`` left unset come from the component's ``default_args()``."""
@@ -88,9 +261,10 @@ class AlgorithmConfig(Section):
         True,
         "Use rollout logprobs as old logprobs instead of recomputing them. Has no effect in this version.",
     )
-    rollout_correction: dict[str, Any] | None = F(
+    rollout_correction: RolloutCorrectionConfig | None = F(
         None,
-        "Off-policy correction settings (importance weights, rejection sampling), veRL only. Has no effect in this version.",
+        "Rollout correction (veRL's keys): importance weights and rejection between the rollout's and "
+        "the trainer's log-probs, in both back-ends; null is off, `{}` is veRL's defaults.",
     )
 
     @field_validator("loss_agg_mode", mode="before")

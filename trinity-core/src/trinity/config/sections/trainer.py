@@ -94,6 +94,18 @@ class TrainerConfig(Section):
     use_rollout_logprobs: bool = F(
         False, "Use the explorer's logprobs as old logprobs instead of recomputing them (native trainer)."
     )
+    logprob_guard_threshold: float | None = F(
+        0.1,
+        "Warn once when `rollout/logprob_diff/mean` (mean |trainer - rollout| log-prob of the trained tokens) "
+        "exceeds this, naming the likely cause (sampling settings or dtypes that differ between engine and "
+        "trainer); null disables the check. See docs/algorithms.md.",
+        ge=0,
+    )
+    logprob_guard_auto_correct: bool = F(
+        False,
+        "When the guard fires and `algorithm.rollout_correction` is off, switch it on (veRL's defaults) for "
+        "the rest of the run.",
+    )
     seed: int = F(42, "Seed of the trainer (native trainer).")
     share_prompt_forward: bool = F(
         True,

@@ -53,6 +53,7 @@ TRINITY_TO_VERL: dict[str, str] = {
     "token_level_rewards": "token_level_rewards",
     "advantages": "advantages",
     "returns": "returns",
+    "rollout_is_weights": "rollout_is_weights",  # rollout correction, for a loss that declares them
     "group_ids": "group_ids",
     "expert_mask": "expert_mask",
 }
