@@ -24,6 +24,7 @@ WORKFLOWS = sorted(
         "agentscopev0_react_math_workflow",
         "agentscope_frozen_lake_workflow",
         "examples.agentscope_frozenlake.workflow.FrozenLakeWorkflow",
+        "email_search_workflow",
     ]
 )
 

@@ -16,6 +16,9 @@ Public API (imported lazily, so ``import trinity_agents`` stays cheap):
   :class:`AgentScopeFrozenLakeWorkflow` (``agentscope_frozen_lake_workflow``)
   (:mod:`trinity_agents.agentscope_react`, :mod:`trinity_agents.agentscope_frozen_lake`;
   extra ``agentscope``); :func:`run_python`, :func:`calculate` (:mod:`trinity_agents.sandbox`).
+- :class:`EmailSearchWorkflow` (``email_search_workflow``) over a mailbox database
+  (:mod:`trinity_agents.email_search`; extra ``agentscope``) and :func:`generate_corpus`, the
+  synthetic mailbox (:mod:`trinity_agents.email_inbox`).
 - :class:`ScriptedEngine`, :func:`scripted_model` — a policy-driven engine for tests
   (:mod:`trinity_agents.scripted`).
 """
@@ -47,6 +50,8 @@ _EXPORTS = {
     "AgentScopeFrozenLakeWorkflow": "trinity_agents.agentscope_frozen_lake",
     "run_python": "trinity_agents.sandbox",
     "calculate": "trinity_agents.sandbox",
+    "EmailSearchWorkflow": "trinity_agents.email_search",
+    "generate_corpus": "trinity_agents.email_inbox",
     "ScriptedEngine": "trinity_agents.scripted",
     "scripted_model": "trinity_agents.scripted",
 }

@@ -43,3 +43,7 @@ def register_workflows(register):
 
     register("RAFT_alfworld_workflow", RAFTAlfworldWorkflow)
     register("RAFT_reflect_alfworld_workflow", RAFTReflectAlfworldWorkflow)
+    # Email search over an SQLite mailbox (AgentScope, extra `agentscope`, imported when it runs).
+    from trinity_agents.email_search import EmailSearchWorkflow
+
+    register("email_search_workflow", EmailSearchWorkflow)

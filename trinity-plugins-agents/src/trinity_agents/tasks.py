@@ -2,6 +2,7 @@
 
     python -m trinity_agents.tasks toolcall OUT_DIR [--train N] [--test N] [--seed S]
     python -m trinity_agents.tasks frozen_lake OUT_DIR [--train N] [--test N] [--map-max-size M] [--seed S]
+    python -m trinity_agents.tasks email_search OUT_DIR [--train N] [--test N] [--seed S]
 
 Each writes ``OUT_DIR/train.jsonl`` and ``OUT_DIR/test.jsonl``.
 
@@ -12,6 +13,10 @@ Each writes ``OUT_DIR/train.jsonl`` and ``OUT_DIR/test.jsonl``.
   ToolACE (which needs a download) in tests and CPU runs.
 - ``frozen_lake``: Trinity-RFT's FrozenLake rows (``seed``, ``size``, ``p``, ``index``,
   ``uid``), sizes in ``[2, map_max_size)`` and ``p`` in ``[0.6, 0.85)``.
+- ``email_search``: a synthetic company mailbox, ``OUT_DIR/emails.db`` (Trinity-RFT's email
+  database schema, SQLite FTS5), and question rows in Trinity-RFT's format about facts in it
+  (:mod:`trinity_agents.email_inbox`); ``email_search_workflow`` reads the database from
+  ``DEFAULT_EMAIL_DB_PATH`` or ``workflow_args.db_path``.
 """
 
 from __future__ import annotations
@@ -211,7 +216,11 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m trinity_agents.tasks", description=__doc__.split("\n\n")[0]
     )
     sub = parser.add_subparsers(dest="kind", required=True)
-    for kind, train, test in (("toolcall", 1000, 100), ("frozen_lake", 10000, 100)):
+    for kind, train, test in (
+        ("toolcall", 1000, 100),
+        ("frozen_lake", 10000, 100),
+        ("email_search", 1000, 100),
+    ):
         p = sub.add_parser(kind)
         p.add_argument("out_dir", type=Path)
         p.add_argument("--train", type=int, default=train)
@@ -220,7 +229,15 @@ def main(argv: list[str] | None = None) -> None:
         if kind == "frozen_lake":
             p.add_argument("--map-max-size", type=int, default=6)
     args = parser.parse_args(argv)
-    if args.kind == "toolcall":
+    if args.kind == "email_search":
+        from trinity_agents.email_inbox import write_email_search
+
+        db, emails = write_email_search(args.out_dir, args.train, args.test, args.seed)
+        print(
+            f"wrote {args.train} train and {args.test} test questions to {args.out_dir}, {emails} emails to {db}"
+        )
+        print(f"export DEFAULT_EMAIL_DB_PATH={db.resolve()}")
+    elif args.kind == "toolcall":
         _write_splits(args.out_dir, lambda n, s: toolcall_rows(n, s), args.train, args.test, args.seed)
     else:
         size = args.map_max_size
