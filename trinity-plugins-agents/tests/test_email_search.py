@@ -274,6 +274,16 @@ def test_a_missing_database_is_one_line_naming_the_fix(tmp_path, monkeypatch, ma
     )
 
 
+def test_a_mailbox_written_anew_at_the_same_path_is_read_anew(tmp_path):
+    from trinity_agents.email_search import open_database
+
+    db, _ = write_email_search(tmp_path, train=2, test=0, seed=0)
+    first = json.loads((tmp_path / "train.jsonl").read_text().splitlines()[0])
+    assert open_database(db).read(first["message_ids"][0]) is not None
+    write_email_search(tmp_path, train=2, test=0, seed=1)
+    assert open_database(db).read(first["message_ids"][0]) is None
+
+
 # -- the reward ------------------------------------------------------------------------------
 
 

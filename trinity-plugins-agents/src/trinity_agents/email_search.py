@@ -192,16 +192,22 @@ class EmailDatabase:
         self.conn.close()
 
 
-_DATABASES: dict[Path, EmailDatabase] = {}
+_DATABASES: dict[tuple[Path, int, int], EmailDatabase] = {}
 _DATABASES_LOCK = threading.Lock()
 
 
 def open_database(path: str | Path) -> EmailDatabase:
-    """One shared read-only :class:`EmailDatabase` per path and process."""
-    key = Path(path).resolve()
+    """One shared read-only :class:`EmailDatabase` per database file and process (a file
+    written anew at the same path is opened anew)."""
+    resolved = Path(path).resolve()
+    try:
+        stat = resolved.stat()
+        key = (resolved, stat.st_ino, stat.st_mtime_ns)
+    except OSError:
+        return EmailDatabase(resolved)  # raises the one-line error
     with _DATABASES_LOCK:
         if key not in _DATABASES:
-            _DATABASES[key] = EmailDatabase(key)
+            _DATABASES[key] = EmailDatabase(resolved)
         return _DATABASES[key]
 
 
