@@ -45,7 +45,7 @@ PACKAGES = [
 # workflows) and ALFWorld (its text games; builds fast-downward and jericho from source, ~14
 # minutes on a fresh machine). Only the sessions that run those tests install them.
 TEST_EXTRAS = {
-    "trinity-core": "dev,data-juicer,postgres",
+    "trinity-core": "dev,data-juicer,postgres,lora",
     "trinity-plugins-agents": "agentscope,alfworld",
 }
 # The other first-party distributions a distribution's tests use: almost every test that

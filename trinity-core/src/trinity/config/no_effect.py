@@ -161,8 +161,9 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect("model.fully_sharded_loras", _NO_LORA_SERVING),
     NoEffect("model.max_cpu_loras", _NO_LORA_SERVING),
     NoEffect("model.lora_configs[*].base_model_name", _NO_LORA_SERVING),
-    NoEffect("model.lora_configs[*].lora_dtype", "adapters take the model's dtype"),
-    NoEffect("model.lora_configs[*].exclude_modules", "only `target_modules` selects modules"),
+    NoEffect(
+        "model.lora_configs[*].lora_dtype", "the adapter trains in float32 under the trainer's autocast"
+    ),
     NoEffect("model.lora_configs[*].is_dummy", "set automatically upstream; not read"),
     NoEffect("model.tinker", "training through Tinker is not implemented", _enabled),
     NoEffect("model.external_model", "an external API as rollout model is not implemented", _enabled),

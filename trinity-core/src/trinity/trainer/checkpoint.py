@@ -8,6 +8,11 @@ Layout of a job directory (``config.job_dir``)::
         trainer_state.pt                             step, optimizer, scheduler, RNG, extra state
         critic/                                      the critic (PPO), Hugging Face format
 
+With LoRA (``model.lora_configs``) the model files are replaced by ``adapter/`` (the trained
+adapter, PEFT's format: what resume reads) and ``huggingface/`` (the merged full model and the
+tokenizer: what checkpoint sync, ``trinity convert`` and ``from_pretrained`` read; see
+:func:`hf_weights_dir`).
+
 A checkpoint is written to ``global_step_N.tmp`` and renamed when complete, and the
 ``latest`` file is replaced atomically afterwards, so a run killed while saving never leaves a
 half-written checkpoint that resume would pick up.
@@ -122,12 +127,14 @@ def save_checkpoint(
     tokenizer: Any = None,
     critic: Any = None,
     max_to_keep: int | None = None,
+    lora: bool = False,
 ) -> str:
     """Write ``<job_dir>/global_step_<step>/`` and mark it as the latest; returns its path.
 
     ``model`` (and ``critic``) are saved with ``save_pretrained``; ``state`` (optimizer,
     scheduler, step, ...) goes to ``trainer_state.pt`` with the RNG states added. With
     ``max_to_keep`` (> 0), older checkpoints beyond that count are deleted afterwards.
+    ``lora``: ``model`` is a PEFT LoRA model, saved as ``adapter/`` plus a merged ``huggingface/``.
     """
     import torch
 
@@ -136,9 +143,14 @@ def save_checkpoint(
     tmp = f"{final}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    model.save_pretrained(tmp)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
+    if lora:
+        from trinity.trainer.lora import save_adapter_and_export
+
+        save_adapter_and_export(model, tmp, tokenizer)
+    else:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
     if critic is not None:
         critic.save_pretrained(os.path.join(tmp, CRITIC_DIR))
     torch.save({**state, "global_step": step, "rng": rng_state()}, os.path.join(tmp, STATE_FILE))

@@ -15,6 +15,11 @@ It provides the primitives of the one training step every back-end shares
   (:meth:`~trinity.trainer.components.AlgorithmComponents.actor_loss`). When the batch has no
   ``old_logprob`` yet, the first epoch's forward pass gives it (detached): it runs on the same, not
   yet updated weights, so it gives the same numbers without a second forward pass.
+
+With ``model.lora_configs`` the model is a PEFT LoRA model (:mod:`trinity.trainer.lora`): only the
+adapter trains, the reference log-probs come from the same model with the adapter disabled, weight
+sync sends the merged weights of the adapted modules, and a checkpoint holds the adapter and a
+merged export.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from trinity.lazy import lazy_import
 from trinity.trainer import checkpoint as ckpt
+from trinity.trainer import lora as lora_mod
 from trinity.trainer.batch import TrainBatch, build_batch, to_device
 from trinity.trainer.components import AlgorithmComponents
 from trinity.trainer.critic import load_critic, value_loss
@@ -86,16 +92,27 @@ class NativeTrainer:
         model_path, trust = config.model.model_path, config.model.trust_remote_code
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust)
         self.pad_token_id = self.tokenizer.pad_token_id or 0
-        # Parameters stay float32 (the optimizer's master copy); bf16 comes from autocast.
+        self.lora = lora_mod.lora_config_of(config.model.lora_configs)
+        # Parameters stay float32 (the optimizer's master copy); bf16 comes from autocast. With
+        # LoRA the frozen base needs no master copy: it is kept in the compute dtype, the
+        # adapter in float32 (PEFT's default).
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=torch.float32, trust_remote_code=trust
+            model_path,
+            dtype=self.compute_dtype if self.lora else torch.float32,
+            trust_remote_code=trust,
         )
-        self.model.to(self.device).train()
         self.model.config.use_cache = False
+        if self.lora:
+            self.model = lora_mod.apply_lora(self.model, self.lora)
+        self.model.to(self.device).train()
         if t.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+            if self.lora:
+                # Re-entrant checkpointing needs an input that requires grad; the frozen
+                # embeddings give none.
+                self.model.enable_input_require_grads()
         self.ref_model = None
-        if self.use_ref:
+        if self.use_ref and not self.lora:  # with LoRA: the same model with the adapter off
             self.ref_model = AutoModelForCausalLM.from_pretrained(
                 model_path, dtype=self.compute_dtype, trust_remote_code=trust
             )
@@ -145,8 +162,15 @@ class NativeTrainer:
 
     def train_step(self, experiences: list[Experience]) -> dict[str, float]:
         """Train on one batch of experiences (:func:`trinity.trainer.step.train_step`); returns
-        metrics with Trinity-RFT names."""
-        return train_step(self, experiences)
+        metrics with Trinity-RFT names (with LoRA also ``lora/sync_bytes``: the bytes each weight
+        sync sends, and ``lora/trainable_params``)."""
+        metrics = train_step(self, experiences)
+        if self.lora:
+            metrics["lora/sync_bytes"] = float(lora_mod.sync_bytes(self.model))
+            metrics["lora/trainable_params"] = float(
+                sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            )
+        return metrics
 
     def prepare(self, experiences: list[Experience]) -> tuple[TrainBatch, list[list[int]]]:
         """The batch on this trainer's device and its micro-batches (row groups), fixed for the step."""
@@ -162,7 +186,10 @@ class NativeTrainer:
         return batch, groups
 
     def ref_logprobs(self, batch: TrainBatch, groups: list[list[int]]) -> torch.Tensor:
-        """The reference model's log-probs ``(B, T)``."""
+        """The reference model's log-probs ``(B, T)`` (with LoRA: the base weights, adapter off)."""
+        if self.lora:
+            with lora_mod.adapter_disabled(self.model):
+                return self._infer(batch, groups, lambda mb: self._logprobs(self.model, mb))
         return self._infer(batch, groups, lambda mb: self._logprobs(self.ref_model, mb))
 
     def values(self, batch: TrainBatch, groups: list[list[int]]) -> torch.Tensor:
@@ -307,9 +334,15 @@ class NativeTrainer:
     # -- weights and checkpoints ----------------------------------------------------------------
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The actor's weights as detached CPU tensors (what weight sync sends to the explorer)."""
+        """The actor's weights as detached CPU tensors (what weight sync sends to the explorer).
+
+        With LoRA: only the adapted modules' weights with the adapter merged in, under the base
+        model's names (:func:`trinity.trainer.lora.merged_weights`); the others never change.
+        """
         from trinity.sync.memory import pack_weights
 
+        if self.lora:
+            return lora_mod.merged_weights(self.model)
         return pack_weights(self.model)
 
     def save_checkpoint(self, step: int | None = None, extra_state: dict[str, Any] | None = None) -> str:
@@ -338,6 +371,7 @@ class NativeTrainer:
             state=state,
             critic=self.critic,
             max_to_keep=keep,
+            lora=bool(self.lora),
         )
 
     def load_checkpoint(self, path: str | None = None) -> dict[str, Any] | None:
@@ -354,8 +388,11 @@ class NativeTrainer:
             path = found[1]
         state = ckpt.load_trainer_state(path)
         # Load into the existing modules so the optimizer keeps pointing at the same parameters.
-        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        self.model.load_state_dict(loaded.state_dict())
+        if self.lora:
+            lora_mod.load_adapter(self.model, path)
+        else:
+            loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            self.model.load_state_dict(loaded.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:

@@ -8,7 +8,7 @@ from trinity.config.sections.base import F, Section, derived
 
 
 class LoRAConfig(Section):
-    """A LoRA adapter of the rollout model."""
+    """A LoRA adapter trained instead of the full weights (native trainer; see docs/algorithms.md, LoRA)."""
 
     name: str | None = F(None, "Adapter name.")
     path: str | None = F(None, "Path of existing adapter weights; empty trains a new adapter.")
@@ -18,8 +18,11 @@ class LoRAConfig(Section):
     lora_rank: int = F(32, "LoRA rank.", ge=1)
     lora_alpha: int = F(32, "LoRA alpha.", gt=0)
     lora_dtype: str = F("auto", "Adapter dtype. Has no effect in this version.")
-    target_modules: str = F("all-linear", "Modules that get adapters.")
-    exclude_modules: str | None = F(None, "Modules that never get adapters. Has no effect in this version.")
+    target_modules: str = F(
+        "all-linear",
+        "Modules that get adapters: all-linear, a name or regular expression, or a comma-separated list.",
+    )
+    exclude_modules: str | None = F(None, "Modules that never get adapters (same forms as `target_modules`).")
     is_dummy: bool = derived(
         False, "Set automatically for a freshly initialised adapter. Has no effect in this version."
     )
