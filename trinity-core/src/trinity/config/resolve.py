@@ -454,8 +454,7 @@ def _check_mode(c: Config) -> None:
         )
     _share_queue_between_jobs(c)
     if c.mode in ("explore", "train") and c.synchronizer.sync_method == "nccl" and not joins_cluster(c):
-        # As Trinity-RFT does (its configs set nccl in explore jobs, e.g. BOTS's ref_eval_collect):
-        # checkpoints instead, said once. On one Ray cluster the train job broadcasts instead.
+        # Checkpoints instead, said once, as Trinity-RFT does (e.g. BOTS's ref_eval_collect.yaml).
         logger.warning(
             "synchronizer.sync_method: 'nccl' broadcasts to the explore job's actors, which mode %r "
             "reaches only when both jobs run on one Ray cluster (cluster.ray_address, after `ray start "
