@@ -1,8 +1,7 @@
 """Upstream's M2PO example, ``examples/m2po_gsm8k/explorer.yaml`` + ``trainer.yaml`` (stored
-unchanged under ``upstream_configs/``): the explorer side loads as it is; the trainer side asks
-for the rollout's log-probs through ``algorithm.bypass_old_logprobs``, which has no effect here,
-so it is refused with one line naming ``trainer.use_rollout_logprobs``, and with that key added it
-loads and passes ``trinity run --dry-run``."""
+unchanged under ``upstream_configs/``) load as they are: the trainer side asks for the rollout's
+log-probs through ``algorithm.bypass_old_logprobs`` (Trinity-RFT 0.6's name for
+``trainer.use_rollout_logprobs``, which M2PO needs), and passes ``trinity run --dry-run``."""
 
 from __future__ import annotations
 
@@ -17,11 +16,11 @@ from trinity.config.errors import ConfigError
 UPSTREAM = Path(__file__).parent / "upstream_configs" / "m2po_gsm8k"
 
 
-def _with_rollout_logprobs(tmp_path: Path) -> Path:
+def _with_trainer_key(tmp_path: Path, value: str) -> Path:
     text = (UPSTREAM / "trainer.yaml").read_text()
     assert text.count("\ntrainer:\n") == 1
     path = tmp_path / "trainer.yaml"
-    path.write_text(text.replace("\ntrainer:\n", "\ntrainer:\n  use_rollout_logprobs: true\n"))
+    path.write_text(text.replace("\ntrainer:\n", f"\ntrainer:\n  use_rollout_logprobs: {value}\n"))
     return path
 
 
@@ -37,24 +36,25 @@ def test_the_explorer_side_loads_unchanged(upstream_env):
     }
 
 
-def test_the_trainer_side_needs_the_rollout_logprobs(upstream_env):
-    with pytest.raises(ConfigError) as info:
-        load_config(UPSTREAM / "trainer.yaml")
-    message = str(info.value)
-    assert "\n" not in message and "trainer.use_rollout_logprobs: true" in message
-    assert "algorithm.bypass_old_logprobs" in message
-
-
-def test_with_the_rollout_logprobs_the_trainer_side_loads(upstream_env, tmp_path, caplog, monkeypatch):
+def test_the_trainer_side_loads_unchanged_with_the_rollout_logprobs(upstream_env, caplog, monkeypatch):
     from trinity_algos import algorithm_types
 
     monkeypatch.setattr(algorithm_types, "_M2PO_WARNED", set())  # the warning is once per process
     caplog.set_level(logging.WARNING)
-    config = load_config(_with_rollout_logprobs(tmp_path))
+    config = load_config(UPSTREAM / "trainer.yaml")
+    # algorithm.bypass_old_logprobs: true is how it asks for them.
     assert config.trainer.use_rollout_logprobs and config.algorithm.policy_loss_fn == "m2po"
     assert (config.algorithm.kl_loss_fn, config.algorithm.entropy_loss_fn) == ("none", "none")
     # 256 experiences of up to 2048 tokens do not fit its 16384-token micro-batches.
     assert "raise trainer.max_token_len_per_gpu to 524288" in caplog.text
+    assert "bypass_old_logprobs" not in caplog.text  # it had its effect
+
+
+def test_the_trainers_own_key_wins_over_bypass_old_logprobs(upstream_env, tmp_path):
+    with pytest.raises(ConfigError) as info:  # M2PO without the rollout's log-probs
+        load_config(_with_trainer_key(tmp_path, "false"))
+    message = str(info.value)
+    assert "\n" not in message and "trainer.use_rollout_logprobs: true" in message
 
 
 def test_trinity_run_dry_run(upstream_env, tmp_path, monkeypatch):
@@ -66,6 +66,6 @@ def test_trinity_run_dry_run(upstream_env, tmp_path, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text("{}")
     monkeypatch.setenv("TRINITY_MODEL_PATH", str(model))
-    result = CliRunner().invoke(cli, ["run", "--config", str(_with_rollout_logprobs(tmp_path)), "--dry-run"])
+    result = CliRunner().invoke(cli, ["run", "--config", str(UPSTREAM / "trainer.yaml"), "--dry-run"])
     assert result.exit_code == 0, result.output[-2000:]
     assert "policy_loss_fn: m2po" in result.output and "m2_threshold: 0.04" in result.output

@@ -89,8 +89,8 @@ def _check_m2po(config: Config) -> None:
     """Rules for the ``m2po`` policy loss, whichever algorithm type uses it.
 
     Its ratio must be against the behaviour policy, so ``old_logprob`` must be the rollout's
-    (Trinity-RFT requires ``algorithm.bypass_old_logprobs``; here that is
-    ``trainer.use_rollout_logprobs``). And its token selection is made per loss call: where the
+    (``trainer.use_rollout_logprobs``, which Trinity-RFT's ``algorithm.bypass_old_logprobs``
+    sets). And its token selection is made per loss call: where the
     trainer may split a step into micro-batches, a warning (once) says so and how to avoid it.
     """
     if _get(config, "algorithm.policy_loss_fn") != "m2po":

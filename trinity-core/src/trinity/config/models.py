@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-from pydantic import PrivateAttr, field_validator
+from pydantic import PrivateAttr, field_validator, model_validator
 
 from trinity.config.geometry import BatchGeometry
 from trinity.config.sections.algorithm import AlgorithmConfig
@@ -85,6 +85,16 @@ class Config(Section):
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return lower_alias(value)
+
+    @model_validator(mode="after")
+    def _bypass_old_logprobs(self) -> Config:
+        # Trinity-RFT 0.6's name for trainer.use_rollout_logprobs (its M2PO example sets it); when
+        # both are set, the trainer's key wins (the other one then warns that it had no effect).
+        if "bypass_old_logprobs" in self.algorithm.model_fields_set and (
+            "use_rollout_logprobs" not in self.trainer.model_fields_set
+        ):
+            self.trainer.use_rollout_logprobs = self.algorithm.bypass_old_logprobs
+        return self
 
     @property
     def job_dir(self) -> str:

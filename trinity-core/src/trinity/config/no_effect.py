@@ -150,7 +150,7 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect("algorithm.enable_router_replay", "MoE router replay is not implemented"),
     NoEffect(
         "algorithm.bypass_old_logprobs",
-        "old logprobs follow `trainer.use_rollout_logprobs`; set that instead",
+        "`trainer.use_rollout_logprobs`, set too, decides the old logprobs",
         lambda value, default, root: value != root.trainer.use_rollout_logprobs,
     ),
     # model

@@ -259,7 +259,8 @@ class AlgorithmConfig(Section):
     )
     bypass_old_logprobs: bool = F(
         True,
-        "Use rollout logprobs as old logprobs instead of recomputing them. Has no effect in this version.",
+        "Use rollout logprobs as old logprobs instead of recomputing them: when set, it sets "
+        "`trainer.use_rollout_logprobs` (Trinity-RFT 0.6's name), unless that is set too.",
     )
     rollout_correction: RolloutCorrectionConfig | None = F(
         None,
