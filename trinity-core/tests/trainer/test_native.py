@@ -186,3 +186,25 @@ def test_the_step_measures_how_far_the_rollout_logprobs_are_from_the_trainers(
         {"algorithm_type": "grpo", "repeat_times": 2}, trainer={"use_rollout_logprobs": True}
     )
     assert not any(k.startswith("rollout/") for k in NativeTrainer(config).train_step(exps))
+
+
+def test_temperature_zero_scores_the_models_own_distribution():
+    """Greedy rollouts (temperature 0) are scored without any scaling, never divided by zero."""
+    from trinity.trainer.forward import response_logits
+
+    class Model(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, **_):
+            torch.manual_seed(0)
+            return type("Out", (), {"logits": torch.randn(*input_ids.shape, 5)})()
+
+    batch = {
+        "input_ids": torch.tensor([[1, 2, 3, 4]]),
+        "attention_mask": torch.ones(1, 4, dtype=torch.long),
+        "position_ids": torch.arange(4).unsqueeze(0),
+        "response_mask": torch.tensor([[1, 1]]),
+        "prompt_length": 2,
+    }
+    greedy = response_logits(Model(), batch, 0.0)
+    assert torch.isfinite(greedy).all()
+    assert torch.equal(greedy, response_logits(Model(), batch, 1.0))
+    assert torch.allclose(response_logits(Model(), batch, 0.5), 2 * greedy)

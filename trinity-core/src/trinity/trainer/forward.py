@@ -31,8 +31,10 @@ def response_logits(
     if logits is None:
         logits = full_logits(model, batch)
     logits = logits.float()
-    if temperature != 1.0:
+    if temperature > 0 and temperature != 1.0:
         # The explorer sampled from softmax(logits / temperature); score the same distribution.
+        # Temperature 0 is greedy decoding, which has no distribution to match: the model's own
+        # is scored (as the engines report greedy tokens' logprobs), never a division by zero.
         logits = logits / temperature
     return logits
 
