@@ -57,6 +57,18 @@ def test_logprobs_match_a_separate_forward_pass(engine, tiny_model_path, tempera
         torch.testing.assert_close(scored, expected, atol=1e-4, rtol=0)
 
 
+def test_each_experience_records_what_it_was_sampled_with(engine):
+    # Read by the trainer's log-prob guard: this engine reports the full softmax's log-probs.
+    exps = engine.generate(["ab"], n=2, max_tokens=3, temperature=0.7, top_k=5, top_p=0.9, seed=1)
+    for exp in exps:
+        assert exp.info["rollout_args"] == {
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 5,
+            "logprobs_renormalised": False,
+        }
+
+
 def test_n_samples_differ_and_seed_reproduces(engine):
     a = engine.generate(["hello"], n=4, max_tokens=10, seed=11)
     b = engine.generate(["hello"], n=4, max_tokens=10, seed=11)

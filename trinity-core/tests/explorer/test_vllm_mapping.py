@@ -60,6 +60,10 @@ def test_request_output_to_experiences():
         "prompt",
     )
     assert b.info["finish_reason"] == "length" and b.logprobs.tolist() == [-2.0]
+    assert "rollout_args" not in a.info  # nothing said, nothing recorded
+    applied = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "logprobs_renormalised": True}
+    for exp in request_output_to_experiences(output, "prompt", 3, applied):
+        assert exp.info["rollout_args"] == applied  # for the trainer's log-prob guard
 
 
 def test_missing_logprobs_are_an_error():

@@ -204,3 +204,18 @@ def test_histogram_of_values():
     assert hist.counts == (1, 2, 1) and hist.edges == (0.0, 1.0, 2.0, 3.0)
     assert (hist.sum, hist.sum_squares) == (5.0, 11.0)
     assert Histogram.of([]).num == 0
+
+
+def test_what_the_engines_record_decides_whether_top_k_and_top_p_explain_it(make):
+    """The built-in engines record what they sampled with (``SamplingArgs.applied``): top-k/top-p
+    are named only where the reported log-probs were renormalised over what they keep (vLLM),
+    whatever the config says; a workflow's own temperature is seen the same way."""
+    from trinity.rollout.base import SamplingArgs
+
+    config = make()  # configured: temperature 1, no top-k / top-p
+    sampled = SamplingArgs(temperature=0.7, top_p=0.9, top_k=20)
+    vllm = likely_causes(config, [{"rollout_args": sampled.applied(True)}], "float32")
+    assert [c.split(":")[0] for c in vllm] == ["temperature", "top-k/top-p"]
+    assert "0.7 (the experiences' info" in vllm[0]
+    full_softmax = likely_causes(config, [{"rollout_args": sampled.applied(False)}], "float32")
+    assert [c.split(":")[0] for c in full_softmax] == ["temperature"]

@@ -105,6 +105,18 @@ class SamplingArgs:
     seed: int | None = None
     logprobs: int = 0
 
+    def applied(self, logprobs_renormalised: bool) -> dict[str, Any]:
+        """What shaped the distribution an engine sampled from, as it records it per experience
+        (``Experience.info["rollout_args"]``, read by the trainer's log-prob guard):
+        temperature, top-p, top-k, and whether the logprobs it reports are renormalised over the
+        tokens top-k / top-p keep (vLLM's ``processed_logprobs``) or over the whole vocabulary."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "logprobs_renormalised": logprobs_renormalised,
+        }
+
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]

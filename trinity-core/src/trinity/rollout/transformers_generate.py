@@ -141,6 +141,8 @@ class Generation:
             )
 
         groups: list[list[Any]] = []
+        # The full softmax at the temperature (top-k / top-p only choose what is sampled).
+        applied = args.applied(logprobs_renormalised=False)
         for row, prompt in enumerate(prompts):
             prompt_text = self.tokenizer.decode(prompt)
             group = []
@@ -155,7 +157,7 @@ class Generation:
                         logprobs=logprobs[seq, :end].clone(),
                         prompt_text=prompt_text,
                         response_text=text,
-                        info={"finish_reason": reason},
+                        info={"finish_reason": reason, "rollout_args": dict(applied)},
                         model_version=self.model_version,
                     )
                 )

@@ -120,8 +120,11 @@ def _sampled_logprob(entry: Mapping[int, Any], token: int) -> float:
     raise ValueError(f"vLLM logprobs lack the sampled token {token} (got ids {sorted(entry)})")
 
 
-def request_output_to_experiences(output: Any, prompt_text: str, model_version: int) -> list[Experience]:
-    """The Experiences of one finished ``RequestOutput`` (one per completion)."""
+def request_output_to_experiences(
+    output: Any, prompt_text: str, model_version: int, rollout_args: dict[str, Any] | None = None
+) -> list[Experience]:
+    """The Experiences of one finished ``RequestOutput`` (one per completion); ``rollout_args``:
+    what the engine sampled with, recorded in each one's ``info`` (:meth:`SamplingArgs.applied`)."""
     import torch
 
     from trinity.experience import Experience
@@ -144,7 +147,10 @@ def request_output_to_experiences(output: Any, prompt_text: str, model_version: 
                 logprobs=torch.tensor(logprobs, dtype=torch.float32),
                 prompt_text=prompt_text,
                 response_text=completion.text,
-                info={"finish_reason": reason},
+                info={
+                    "finish_reason": reason,
+                    **({"rollout_args": dict(rollout_args)} if rollout_args else {}),
+                },
                 model_version=model_version,
             )
         )
@@ -179,6 +185,8 @@ class VLLMEngineActor:
             "worker_extension_cls": "trinity.rollout.vllm_weights.WeightUpdateExtension",
             **engine_kwargs,
         }
+        # processed_logprobs (our default) are renormalised over what top-k / top-p keep.
+        self.logprobs_renormalised = engine_kwargs.get("logprobs_mode") == "processed_logprobs"
         try:
             self.engine = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**engine_kwargs))
         except Exception as exc:
@@ -205,7 +213,9 @@ class VLLMEngineActor:
         self, prompts: list[list[int]], params_kwargs: dict[str, Any], texts: list[str], version: int
     ):
         outputs = await asyncio.gather(*(self._run(p, params_kwargs) for p in prompts))
-        return [request_output_to_experiences(o, t, version) for o, t in zip(outputs, texts)]
+        applied = {key: params_kwargs.get(key) for key in ("temperature", "top_p", "top_k")}
+        applied["logprobs_renormalised"] = self.logprobs_renormalised
+        return [request_output_to_experiences(o, t, version, applied) for o, t in zip(outputs, texts)]
 
     async def logprobs(self, tokens: list[int]) -> Any:
         out = await self._run(tokens, {"max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0})

@@ -9,16 +9,18 @@ what differs between how the engine sampled and how the trainer scores (:func:`l
   ``rollout_args.temperature`` (or a workflow's own) samples at another one;
 * top-k / top-p: vLLM reports log-probs renormalised over the tokens they keep
   (``processed_logprobs``), the trainer over the whole vocabulary;
-* a repetition penalty the engine applied (recorded by the engine in ``info["rollout_args"]``;
-  the built-in engines apply none);
+* a repetition penalty the engine applied (recorded in ``info["rollout_args"]``; the built-in
+  engines apply none);
 * the dtype: a bf16 / fp16 engine against an fp32 trainer (or the reverse) rounds differently.
 
 With ``trainer.logprob_guard_auto_correct`` it then switches ``algorithm.rollout_correction`` on
 (veRL's defaults) for the rest of the run, from the next step.
 
-An engine or workflow that samples with settings of its own may record them per experience as
-``Experience.info["rollout_args"] = {"temperature": ..., "top_p": ..., "top_k": ...,
-"repetition_penalty": ...}``; they take precedence over the configured ones.
+The built-in engines record what they sampled with per experience
+(``Experience.info["rollout_args"]``: temperature, top_p, top_k, ``logprobs_renormalised``;
+:meth:`trinity.rollout.base.SamplingArgs.applied`), so a workflow's own settings are seen too;
+any engine or workflow may record them (``repetition_penalty`` as well). They take precedence
+over the configured ones.
 """
 
 from __future__ import annotations
@@ -116,9 +118,13 @@ def likely_causes(config: Config, infos: list[dict[str, Any]], dtype: str | None
             f"temperature: the engine sampled at {shown} but the trainer scores at model.temperature "
             f"{trainer_t}; set them equal"
         )
-    # vLLM renormalises its reported log-probs over what top-k / top-p keep; an engine that
-    # records its settings applied them. The transformers engine reports the full softmax.
-    renormalises = engine == "vllm" or bool(recorded)
+    # vLLM renormalises its reported log-probs over what top-k / top-p keep, the transformers
+    # engine reports the full softmax: the built-in engines say which in what they record; a
+    # recording without it (another engine, a workflow) is taken to have applied them.
+    if recorded:
+        renormalises = any(r.get("logprobs_renormalised", True) for r in recorded)
+    else:
+        renormalises = engine == "vllm"
     cut = [(w, f"top_p {v}") for w, v in values("top_p") if float(v) < 1.0]
     cut += [(w, f"top_k {v}") for w, v in values("top_k") if int(v) > 0]
     if cut and renormalises:
