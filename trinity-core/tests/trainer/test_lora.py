@@ -53,7 +53,8 @@ def _logprobs(model, trainer, exps):
 
 def _lora_config(config_factory, tiny_model_path, *loras):
     model = {"model_path": tiny_model_path, "max_prompt_tokens": 16, "max_response_tokens": 16}
-    return config_factory(GRPO, model={**model, "lora_configs": list(loras)})
+    explorer = {"rollout_model": {"engine_type": "transformers"}}
+    return config_factory(GRPO, model={**model, "lora_configs": list(loras)}, explorer=explorer)
 
 
 def _lora_trainer(config_factory, tiny_model_path, **keys):
@@ -134,34 +135,65 @@ def test_trinity_convert_copies_the_merged_export(config_factory, tiny_model_pat
     assert all(torch.allclose(converted[n], merged[n], atol=1e-6) for n in converted)
 
 
-@needs_peft
-def test_weight_sync_sends_the_merged_adapted_weights_and_the_engine_then_matches(
-    lora_trainer, tiny_model_path
-):
-    from trinity.rollout.transformers_engine import TransformersEngine
-
-    trainer = lora_trainer
-    tok = AutoTokenizer.from_pretrained(tiny_model_path)
-    exps = _rollouts(tok)
-    for _ in range(2):
-        metrics = trainer.train_step(exps)
-    state = trainer.state_dict()
-    base_names = set(AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict())
-    assert state and set(state) < base_names  # only the adapted modules, under the base names
-    assert metrics["lora/sync_bytes"] == sum(t.numel() * t.element_size() for t in state.values())
-    engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu")
-    try:
-        tokens = exps[0].tokens.tolist()
-        before = engine.logprobs(tokens)
-        engine.update_weights(state, version=2)
-        after = engine.logprobs(tokens)
-    finally:
-        engine.shutdown()
+def _engine_matches_trainer(engine, trainer, tokens) -> bool:
     with torch.no_grad():
         logits = trainer.model(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens[1:])[:, None])[:, 0]
-    assert torch.allclose(after, expected, atol=1e-4)
-    assert not torch.allclose(before, expected, atol=1e-3)
+    return torch.allclose(engine.logprobs(tokens), expected, atol=1e-4)
+
+
+@needs_peft
+@pytest.mark.parametrize("adapter_only", [True, False], ids=["adapter", "merged"])
+def test_weight_sync_sends_what_the_adapter_changes_and_the_engine_then_matches(
+    config_factory, tiny_model_path, adapter_only
+):
+    from trinity.rollout.transformers_engine import TransformersEngine
+
+    trainer = _lora_trainer(config_factory, tiny_model_path)
+    assert trainer.sync_adapter_only  # the rollout engine of these configs is transformers
+    trainer.sync_adapter_only = adapter_only  # what a vLLM rollout engine gets: merged
+    exps = _rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
+    adapted = {n.rsplit(".", 1)[0] for n in merged_weights(trainer.model)}
+    engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu")
+    try:
+        tokens = exps[0].tokens.tolist()
+        for version in (1, 2):  # a second sync folds the new adapter into the base, not the last merge
+            for _ in range(2):
+                metrics = trainer.train_step(exps)
+            state = trainer.state_dict()
+            assert metrics["lora/sync_bytes"] == sum(t.numel() * t.element_size() for t in state.values())
+            if adapter_only:
+                assert set(state) == {f"{m}.lora_{h}.weight" for m in adapted for h in "AB"}
+            else:  # only the adapted modules, merged, under the base names
+                assert set(state) == {f"{m}.weight" for m in adapted} and set(state) < set(base)
+            assert not _engine_matches_trainer(engine, trainer, tokens)
+            engine.update_weights(state, version=version)
+            assert _engine_matches_trainer(engine, trainer, tokens)
+    finally:
+        engine.shutdown()
+    full_bytes = sum(t.numel() * t.element_size() for t in base.values())
+    assert (metrics["lora/sync_bytes"] < 0.2 * full_bytes) == adapter_only
+
+
+@needs_peft
+def test_an_engine_resumed_from_a_merged_checkpoint_takes_adapter_syncs(config_factory, tiny_model_path):
+    from trinity.rollout.transformers_engine import TransformersEngine
+
+    trainer = _lora_trainer(config_factory, tiny_model_path)
+    exps = _rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
+    trainer.train_step(exps)
+    path = trainer.save_checkpoint()
+    engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu")
+    try:
+        engine.load_checkpoint(ckpt.hf_weights_dir(path), version=1)  # the merged export
+        tokens = exps[0].tokens.tolist()
+        assert _engine_matches_trainer(engine, trainer, tokens)
+        trainer.train_step(exps)
+        engine.update_weights(trainer.state_dict(), version=2)
+        assert _engine_matches_trainer(engine, trainer, tokens)
+    finally:
+        engine.shutdown()
 
 
 @needs_peft
@@ -169,7 +201,7 @@ def test_target_and_exclude_modules_select_the_adapted_modules(config_factory, t
     trainer = _lora_trainer(
         config_factory, tiny_model_path, target_modules="q_proj,v_proj", exclude_modules=r".*layers\.0\..*"
     )
-    adapted = {n.rsplit(".", 1)[0] for n in trainer.state_dict()}
+    adapted = {n.rsplit(".", 1)[0] for n in merged_weights(trainer.model)}
     assert adapted and all(n.endswith(("q_proj", "v_proj")) and ".layers.0." not in n for n in adapted)
 
 
@@ -186,3 +218,33 @@ def test_without_peft_lora_is_refused_in_one_line(config_factory, tiny_model_pat
     with pytest.raises(ImportError, match=r"pip install 'trinity-core\[lora\]'") as info:
         _lora_trainer(config_factory, tiny_model_path)
     assert "\n" not in str(info.value)
+
+
+@needs_peft
+def test_a_broadcast_sync_carries_the_adapter_to_the_engine(config_factory, tiny_model_path):
+    """``sync_method: nccl`` (gloo on CPU): the adapter halves arrive with the broadcast."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trinity.rollout.transformers_engine import TransformersEngine
+    from trinity.sync.broadcast import WeightSender
+
+    trainer = _lora_trainer(config_factory, tiny_model_path)
+    exps = _rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
+    trainer.train_step(exps)
+    engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu")
+    sender = WeightSender(2, "gloo", 20)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            joined = pool.submit(engine.init_weight_group, sender.spec, 1)
+            sender.connect()
+            joined.result()
+            metas = sender.prepare(trainer.state_dict(), 3)
+            received = pool.submit(engine.receive_weights, metas, 3)
+            sender.send()
+            received.result()
+        assert engine.model_version == 3
+        assert _engine_matches_trainer(engine, trainer, exps[0].tokens.tolist())
+    finally:
+        engine.close_weight_group()
+        sender.close()
+        engine.shutdown()

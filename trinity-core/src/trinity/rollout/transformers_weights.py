@@ -1,7 +1,9 @@
 """Weight loading of the ``transformers`` engine (see :mod:`.transformers_engine`): a state dict
 in memory (:meth:`WeightLoading.update_weights`), a broadcast from the trainer
 (``sync_method: nccl``) or a checkpoint folder, each copied into the model's tensors on the
-engine's compute thread under its lock."""
+engine's compute thread under its lock. A sync may carry LoRA adapters instead of weights
+(``<module>.lora_A.weight`` / ``.lora_B.weight``): they are folded into the base weights of the
+model's folder (:mod:`trinity.sync.lora_weights`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from trinity.lazy import lazy_import
 from trinity.sync.broadcast import WeightReceiver, parse_metas
 from trinity.sync.group import describe_device
+from trinity.sync.lora_weights import AdapterMerger, is_adapter_name, split_adapter_weights
 
 if TYPE_CHECKING:
     import threading
@@ -35,6 +38,13 @@ class WeightLoading:
     _model_version: int
     _weight_receiver: WeightReceiver
     _on_compute_thread: Callable[..., Any]
+    _adapter_merger: AdapterMerger | None = None
+
+    def _merge_adapters(self, adapters: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The full weights of the adapted modules: base (from the model's folder) + B @ A."""
+        if self._adapter_merger is None:
+            self._adapter_merger = AdapterMerger(self.model.name_or_path, self.dtype)
+        return self._adapter_merger.merge(adapters, self.device)
 
     def _named_targets(self) -> dict[str, torch.Tensor]:
         own = dict(self.model.named_parameters(remove_duplicate=False))  # tied weights keep both names
@@ -58,6 +68,9 @@ class WeightLoading:
 
     @torch.no_grad()
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        state_dict, adapters = split_adapter_weights(state_dict)
+        if adapters:
+            state_dict.update(self._on_compute_thread(self._merge_adapters, adapters))
         own = self._named_targets()
         unknown = sorted(set(state_dict) - set(own))
         if unknown:
@@ -90,13 +103,21 @@ class WeightLoading:
         """Receive a broadcast into the model's parameters (names as in its ``state_dict``)."""
         metas = parse_metas(metas)
         own = self._named_targets()
-        problem = self._check_names(own, {name: m.shape for m in metas for name in m.names})
+        shapes = {name: m.shape for m in metas for name in m.names if not is_adapter_name(name)}
+        problem = self._check_names(own, shapes)
+        adapters: dict[str, torch.Tensor] = {}
 
         def load(batch: list[tuple[str, torch.Tensor]]) -> None:
-            self._on_compute_thread(self._copy_weights, own, batch)
+            # Adapter halves are small: kept until all have arrived, then merged.
+            adapters.update((name, value.clone()) for name, value in batch if is_adapter_name(name))
+            plain = [(name, value) for name, value in batch if not is_adapter_name(name)]
+            self._on_compute_thread(self._copy_weights, own, plain)
 
         with self._lock:
             self._weight_receiver.receive(metas, version, load, problem=problem)
+            if adapters:
+                merged = self._on_compute_thread(self._merge_adapters, adapters)
+                self._on_compute_thread(self._copy_weights, own, list(merged.items()))
             self._model_version = version
 
     @staticmethod

@@ -6,10 +6,11 @@ With one entry in ``model.lora_configs`` the native trainer wraps its model in a
   them; the base weights are frozen and kept in the compute dtype;
 - the reference log-probs come from the same model with the adapter disabled
   (:func:`adapter_disabled`): no second copy of the model;
-- weight sync sends :func:`merged_weights`: ``W + scale * B @ A`` of each adapted module under the
-  base model's Hugging Face names, and nothing else (the other weights are the frozen base the
-  rollout engines loaded from ``model.model_path``). Engines run plain Hugging Face weights, so
-  the transformers and vLLM engines load them as any other sync and no engine needs LoRA support;
+- weight sync (:func:`sync_weights`) sends only what the adapter changes (the other weights are
+  the frozen base the rollout engines loaded from ``model.model_path``): to the transformers
+  engine the adapter alone (each module's ``A`` and scaled ``B``, which the engine folds into its
+  base weights, :mod:`trinity.sync.lora_weights`), to vLLM, which serves no adapters here, the
+  merged weights ``W + scale * B @ A`` of the adapted modules under the base model's names;
 - a checkpoint holds the adapter (``adapter/``, PEFT's format, what resume reads) and a merged
   export (``huggingface/``: the full model with the adapter folded in, what checkpoint sync,
   ``trinity convert`` and ``from_pretrained`` read).
@@ -138,12 +139,44 @@ def merged_weights(model: Any, *, only_adapted: bool = True) -> dict[str, torch.
     return full
 
 
-def sync_bytes(model: Any) -> int:
-    """Bytes one weight sync sends (:func:`merged_weights` of the adapted modules), from shapes."""
-    return sum(
-        m.get_base_layer().weight.numel() * m.get_base_layer().weight.element_size()
-        for _, m in _lora_layers(model)
-    )
+@torch.no_grad()
+def sync_weights(model: Any, *, adapter_only: bool) -> dict[str, torch.Tensor]:
+    """What one weight sync sends, as detached CPU tensors under the base model's names.
+
+    ``adapter_only``: each adapted module's ``<module>.lora_A.weight`` and ``<module>.lora_B.weight``
+    with the scale folded into ``B`` (:mod:`trinity.sync.lora_weights` merges them on the
+    engine); a module whose base stores its weight transposed (``fan_in_fan_out``) is sent merged.
+    Else the merged weights of the adapted modules (:func:`merged_weights`).
+    """
+    if not adapter_only:
+        return merged_weights(model)
+    from trinity.sync.lora_weights import LORA_A, LORA_B
+
+    out: dict[str, torch.Tensor] = {}
+    for name, module in _lora_layers(model):
+        if getattr(module, "fan_in_fan_out", False):
+            base = module.get_base_layer().weight
+            delta = module.get_delta_weight(_ADAPTER)
+            out[f"{name}.weight"] = (base.float() + delta.float()).to(base.dtype).cpu()
+            continue
+        a = module.lora_A[_ADAPTER].weight
+        b = module.lora_B[_ADAPTER].weight * module.scaling[_ADAPTER]
+        out[f"{name}{LORA_A}"] = a.detach().to("cpu", copy=True)
+        out[f"{name}{LORA_B}"] = b.detach().to("cpu", copy=True)
+    return out
+
+
+def sync_bytes(model: Any, *, adapter_only: bool) -> int:
+    """Bytes one weight sync sends (:func:`sync_weights`), from shapes."""
+    total = 0
+    for _, module in _lora_layers(model):
+        base = module.get_base_layer().weight
+        if adapter_only and not getattr(module, "fan_in_fan_out", False):
+            for half in (module.lora_A[_ADAPTER].weight, module.lora_B[_ADAPTER].weight):
+                total += half.numel() * half.element_size()
+        else:
+            total += base.numel() * base.element_size()
+    return total
 
 
 def save_adapter_and_export(model: Any, folder: str, tokenizer: Any = None) -> None:
@@ -186,4 +219,5 @@ __all__ = [
     "merged_weights",
     "save_adapter_and_export",
     "sync_bytes",
+    "sync_weights",
 ]

@@ -18,8 +18,8 @@ It provides the primitives of the one training step every back-end shares
 
 With ``model.lora_configs`` the model is a PEFT LoRA model (:mod:`trinity.trainer.lora`): only the
 adapter trains, the reference log-probs come from the same model with the adapter disabled, weight
-sync sends the merged weights of the adapted modules, and a checkpoint holds the adapter and a
-merged export.
+sync sends the adapter alone to transformers engines and the merged weights of the adapted
+modules to vLLM, and a checkpoint holds the adapter and a merged export.
 """
 
 from __future__ import annotations
@@ -102,8 +102,14 @@ class NativeTrainer:
             trust_remote_code=trust,
         )
         self.model.config.use_cache = False
+        self.sync_adapter_only = False
         if self.lora:
+            from trinity.rollout import resolve_engine_type
+
             self.model = lora_mod.apply_lora(self.model, self.lora)
+            # The transformers engine folds adapters in itself; vLLM serves none here: merged.
+            engine = resolve_engine_type(config.explorer.rollout_model.engine_type)
+            self.sync_adapter_only = engine == "transformers"
         self.model.to(self.device).train()
         if t.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
@@ -166,7 +172,9 @@ class NativeTrainer:
         sync sends, and ``lora/trainable_params``)."""
         metrics = train_step(self, experiences)
         if self.lora:
-            metrics["lora/sync_bytes"] = float(lora_mod.sync_bytes(self.model))
+            metrics["lora/sync_bytes"] = float(
+                lora_mod.sync_bytes(self.model, adapter_only=self.sync_adapter_only)
+            )
             metrics["lora/trainable_params"] = float(
                 sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             )
@@ -336,13 +344,14 @@ class NativeTrainer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The actor's weights as detached CPU tensors (what weight sync sends to the explorer).
 
-        With LoRA: only the adapted modules' weights with the adapter merged in, under the base
-        model's names (:func:`trinity.trainer.lora.merged_weights`); the others never change.
+        With LoRA: only what the adapter changes, under the base model's names
+        (:func:`trinity.trainer.lora.sync_weights`): the adapter alone for a transformers rollout
+        engine, else the adapted modules' merged weights; the other weights never change.
         """
         from trinity.sync.memory import pack_weights
 
         if self.lora:
-            return lora_mod.merged_weights(self.model)
+            return lora_mod.sync_weights(self.model, adapter_only=self.sync_adapter_only)
         return pack_weights(self.model)
 
     def save_checkpoint(self, step: int | None = None, extra_state: dict[str, Any] | None = None) -> str:
