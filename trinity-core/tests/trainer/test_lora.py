@@ -51,14 +51,16 @@ def _logprobs(model, trainer, exps):
         return forward_logprobs(model, batch)[0] * batch["action_mask"]
 
 
-def _lora_config(config_factory, tiny_model_path, *loras):
+def _lora_config(config_factory, tiny_model_path, *loras, **sections):
     model = {"model_path": tiny_model_path, "max_prompt_tokens": 16, "max_response_tokens": 16}
     explorer = {"rollout_model": {"engine_type": "transformers"}}
-    return config_factory(GRPO, model={**model, "lora_configs": list(loras)}, explorer=explorer)
+    return config_factory(GRPO, model={**model, "lora_configs": list(loras)}, explorer=explorer, **sections)
 
 
-def _lora_trainer(config_factory, tiny_model_path, **keys):
-    return NativeTrainer(_lora_config(config_factory, tiny_model_path, {**LORA, **keys}))
+def _lora_trainer(config_factory, tiny_model_path, sections=None, **keys):
+    # On the CPU in float32, as the engines of these tests, so log-probs compare at 1e-4.
+    config = _lora_config(config_factory, tiny_model_path, {**LORA, **keys}, **(sections or {}))
+    return NativeTrainer(config, device="cpu")
 
 
 @pytest.fixture
@@ -248,3 +250,11 @@ def test_a_broadcast_sync_carries_the_adapter_to_the_engine(config_factory, tiny
         engine.close_weight_group()
         sender.close()
         engine.shutdown()
+
+
+@needs_peft
+def test_gradient_checkpointing_trains_the_adapter(config_factory, tiny_model_path):
+    trainer = _lora_trainer(config_factory, tiny_model_path, {"trainer": {"gradient_checkpointing": True}})
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train_step(_rollouts(AutoTokenizer.from_pretrained(tiny_model_path)))
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if n in before)

@@ -110,6 +110,9 @@ def _shared(model: Any, batch: Mapping[str, Any], first: torch.Tensor, inverse: 
 
 def _checkpointing(model: Any) -> bool:
     # transformers 5 renamed the property and warns on the old name; 4.x has only the old one.
+    # A PEFT (LoRA) model forwards attributes to the model it wraps: ask that one.
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
         if hasattr(type(model), name):
             return bool(getattr(model, name))
