@@ -168,8 +168,8 @@ class NativeTrainer:
 
     def train_step(self, experiences: list[Experience]) -> dict[str, float]:
         """Train on one batch of experiences (:func:`trinity.trainer.step.train_step`); returns
-        metrics with Trinity-RFT names (with LoRA also ``lora/sync_bytes``: the bytes each weight
-        sync sends, and ``lora/trainable_params``)."""
+        metrics with Trinity-RFT names (with LoRA also ``lora/sync_bytes``: the bytes a memory or
+        nccl weight sync sends, and ``lora/trainable_params``)."""
         metrics = train_step(self, experiences)
         if self.lora:
             metrics["lora/sync_bytes"] = float(
