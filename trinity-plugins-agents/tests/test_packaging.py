@@ -25,6 +25,7 @@ WORKFLOWS = sorted(
         "agentscope_frozen_lake_workflow",
         "examples.agentscope_frozenlake.workflow.FrozenLakeWorkflow",
         "email_search_workflow",
+        "agentscope_v1_react_search_workflow",
     ]
 )
 

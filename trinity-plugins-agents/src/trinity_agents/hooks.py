@@ -47,3 +47,7 @@ def register_workflows(register):
     from trinity_agents.email_search import EmailSearchWorkflow
 
     register("email_search_workflow", EmailSearchWorkflow)
+    # Web search over a local corpus (AgentScope, extra `agentscope`; bm25s), no network.
+    from trinity_agents.websearch import AgentScopeV1ReactSearchWorkflow
+
+    register("agentscope_v1_react_search_workflow", AgentScopeV1ReactSearchWorkflow)
