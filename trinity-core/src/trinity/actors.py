@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 def _setup_actor(config: Config, actor_name: str) -> logging.Logger:
     from trinity.plugins import check_plugins
+    from trinity.report import job_loggers
 
     log_dir = Path(config.checkpoint_job_dir) / "log"
     if config.log.group_by_node:
@@ -31,11 +32,13 @@ def _setup_actor(config: Config, actor_name: str) -> logging.Logger:
     log_dir.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(log_dir / f"{actor_name}.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("trinity")
-    root.addHandler(handler)
-    root.setLevel(getattr(logging, str(config.log.level).upper(), logging.INFO))
     # Workers load plugins again in their own process; a broken one fails this actor loudly.
     check_plugins()
+    # The plugins' own loggers too: a judge's fallbacks, a reward's timeouts are the job's news.
+    for name in job_loggers():
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(getattr(logging, str(config.log.level).upper(), logging.INFO))
     return logging.getLogger(f"trinity.{actor_name}")
 
 

@@ -22,12 +22,32 @@ def say(text: str, *, problem: bool = False) -> None:
 
 
 def setup_driver_logging() -> None:
-    """Log records of the ``trinity`` loggers in the driver process go to stderr, prefixed too."""
+    """Log records of the ``trinity`` loggers, and warnings of the installed plugins' packages
+    (:func:`job_loggers`), in the driver process go to stderr, prefixed too."""
     if not logging.getLogger("trinity").handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(f"{PREFIX} %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger("trinity").addHandler(handler)
-        logging.getLogger("trinity").setLevel(logging.INFO)
+        for name in job_loggers():
+            logging.getLogger(name).addHandler(handler)
+            # The plugins' warnings; their progress lines stay in the actors' log files.
+            logging.getLogger(name).setLevel(logging.INFO if name == "trinity" else logging.WARNING)
+
+
+def job_loggers() -> list[str]:
+    """The loggers whose records a job keeps (its console, each actor's log file): ``trinity``,
+    and the top-level package of every installed plugin (entry points of group ``trinity``) and
+    module of every ``--plugin-dir`` folder, whose modules log under their own names
+    (``logging.getLogger(__name__)``: ``trinity_math.judge``, ...), outside ``trinity``."""
+    from importlib.metadata import entry_points
+
+    from trinity.plugins import get_manager
+
+    names = {ep.value.split(":")[0].split(".")[0] for ep in entry_points(group="trinity")}
+    for folder in get_manager().plugin_dirs:
+        names.update(path.stem for path in folder.glob("*.py"))
+        names.update(path.parent.name for path in folder.glob("*/__init__.py"))
+    names.discard("trinity")
+    return ["trinity", *sorted(names)]
 
 
 # -- the job and its stages --------------------------------------------------------------------
