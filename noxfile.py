@@ -76,6 +76,11 @@ def install(session: nox.Session, *packages: str, core_extras: str = "") -> None
     session.install(*(arg for p in (core, *packages) for arg in ("-e", p)), TORCH_SPEC)
 
 
+# pytest-xdist workers for the whole suite and the inner loop (TRINITY_TEST_WORKERS, default 2:
+# the suite's jobs are sized for 2 cores; a module runs whole on one worker, longest first: conftest.py).
+WORKERS = ("-n", os.environ.get("TRINITY_TEST_WORKERS", "2"), "--dist", "loadfile")
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole test suite (all packages, cross-package and end-to-end tests)."""
@@ -85,6 +90,7 @@ def tests(session: nox.Session) -> None:
     # --durations: the 25 slowest set-ups and tests, so the suite's time stays visible.
     session.run(
         "pytest",
+        *WORKERS,
         "--durations=25",
         *(session.posargs or ["-q"]),
         env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
@@ -93,11 +99,12 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def unit(session: nox.Session) -> None:
-    """The inner loop: every test not marked ``e2e`` or ``slow`` (about 4 minutes on 2 cores);
+    """The inner loop: every test not marked ``e2e`` or ``slow`` (about 2 minutes on 2 cores);
     ``nox -R -s unit`` skips the reinstall. ``nox -s tests`` runs everything."""
     install(session, *map(with_test_extras, PACKAGES[1:]), core_extras=TEST_EXTRAS["trinity-core"])
     session.run(
         "pytest",
+        *WORKERS,
         "-q",
         "-m",
         "not e2e and not slow",
