@@ -173,7 +173,8 @@ def reward():
 
 
 @needs_rm_gallery
-def test_math_verify_reward_scores_in_a_runner_thread(reward):
+def test_math_verify_reward_scores_in_a_runner_thread(reward, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # importing RM-Gallery here (below) writes ./log
     chat = [{"role": "user", "content": "What is 1 + 1?"}]
     results: list[dict] = []
 
@@ -205,6 +206,20 @@ def test_math_verify_reward_scores_in_a_runner_thread(reward):
     thread.start()
     thread.join()
     assert in_thread == [0.0]
+
+
+@needs_rm_gallery
+def test_the_reward_process_leaves_nothing_in_the_jobs_folder(tmp_path, monkeypatch):
+    # RM-Gallery's import opens ./log/rm_gallery.log; the reward process imports it elsewhere.
+    monkeypatch.chdir(tmp_path)
+    fn = RMGalleryRewardFn(reward_name="math_verify_reward")
+    try:
+        assert fn("so \\boxed{2}", "2", messages=[{"role": "user", "content": "1 + 1?"}]) == {
+            "math_verify": 1.0
+        }
+    finally:
+        fn.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 @needs_rm_gallery

@@ -31,13 +31,16 @@ classes import; so ``rm-gallery`` itself is installed with ``--no-deps`` and the
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from typing import IO, Any, ClassVar
@@ -314,11 +317,18 @@ def _serve() -> None:
         out.flush()
 
     init = json.loads(sys.stdin.buffer.readline() or "{}")
+    # Importing RM-Gallery opens a log file at ./log/rm_gallery.log: in a folder of this
+    # process's own (removed when it ends), never in the folder the job runs in.
+    workdir, cwd = tempfile.mkdtemp(prefix="rm_gallery_"), os.getcwd()
+    atexit.register(shutil.rmtree, workdir, True)
+    os.chdir(workdir)
     try:
         import rm_gallery  # noqa: F401  (registers RM-Gallery's rewards)
     except ImportError as exc:
         reply({"error": _missing_message(f"which does not import ({_one_line(exc)})"), "missing": True})
         return
+    finally:
+        os.chdir(cwd)
     try:
         reward = _build_reward(init.get("reward_name", ""), init.get("args") or {})
     except ValueError as exc:
