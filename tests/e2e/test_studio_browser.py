@@ -314,7 +314,7 @@ def test_expert_mode_shows_every_section(browser, studio):
 
 
 def test_reward_curve_of_a_finished_run(browser, studio):
-    from trinity_studio.demo import reward_at
+    from trinity_studio.demo import logprob_gap_at, reward_at
 
     _open(browser, f"{studio}/#runs", 'tr[data-run="demo/tiny"]')
     row = _css(browser, 'tr[data-run="demo/tiny"]')[0]
@@ -329,6 +329,12 @@ def test_reward_curve_of_a_finished_run(browser, studio):
     assert [round(v, 4) for _, v in points] == [reward_at(s) for s in range(1, 9)]
     evals = _css(browser, '.chart[data-title="Eval accuracy per taskset"] polyline.series')
     assert {e.get_attribute("data-label") for e in evals} == {"heldout", "practice"}
+    # The log-prob guard's measure, from the trainer's scalars.
+    gap = [
+        float(c.get_attribute("data-value"))
+        for c in _css(browser, '.chart[data-title="Rollout vs trainer log-prob gap"] circle.point')
+    ]
+    assert gap == [pytest.approx(logprob_gap_at(s)) for s in range(1, 9)]
     _screenshot(browser, "runs")
 
 

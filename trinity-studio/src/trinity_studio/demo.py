@@ -25,6 +25,11 @@ def reward_at(step: int) -> float:
     return round(1 - 0.8 * math.exp(-step / 4), 4)
 
 
+def logprob_gap_at(step: int) -> float:
+    """The demo run's ``rollout/logprob_diff/mean`` at ``step`` (the log-prob guard's measure)."""
+    return round(1e-5 * (1 + step % 3), 8)
+
+
 def write_scalars(run_dir: str, steps: int) -> None:
     """Explorer and trainer scalars for ``steps`` steps, named as Trinity's monitors name them."""
     from trinity.monitor.tensorboard import TensorboardMonitor
@@ -44,7 +49,12 @@ def write_scalars(run_dir: str, steps: int) -> None:
                     metrics[f"eval/{taskset}/accuracy"] = min(1.0, 0.2 + 0.1 * step + 0.05 * i)
             explorer.log(metrics, step)
             trainer.log(
-                {"actor/loss": 1.0 / step, "actor/pg_loss": 0.8 / step, "timing/step": 2.0 + 0.05 * step},
+                {
+                    "actor/loss": 1.0 / step,
+                    "actor/pg_loss": 0.8 / step,
+                    "timing/step": 2.0 + 0.05 * step,
+                    "rollout/logprob_diff/mean": logprob_gap_at(step),
+                },
                 step,
             )
     finally:

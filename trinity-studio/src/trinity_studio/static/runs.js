@@ -12,6 +12,8 @@
     ["Timing: explore step (s)", "explorer", [/^timing\/explore_step$/, /^timing\//]],
     ["Timing: train step (s)", "trainer", [/^timing\/step$/, /^timing\//]],
     ["Model-version lag", "explorer", [/lag|staleness/, /^rollout\/model_version$/]],
+    // The log-prob guard's measure: how far the trainer's log-probs are from the engine's.
+    ["Rollout vs trainer log-prob gap", "trainer", [/^rollout\/logprob_diff\/mean$/]],
   ];
 
   function firstTag(tags, patterns) {
