@@ -28,6 +28,7 @@ from trinity_agents.agentscope_react import (
     clear_history,
     context_exhausted,
     finish_steps,
+    react_agent,
     require_agentscope,
     run_blocking,
 )
@@ -76,22 +77,11 @@ class AgentScopeFrozenLakeWorkflow(Workflow):
         return run_blocking(self)
 
     def build_agent(self) -> Any:
-        from agentscope.agent import ReActAgent
-        from agentscope.formatter import OpenAIChatFormatter
-        from agentscope.memory import InMemoryMemory
         from agentscope.tool import Toolkit
 
-        agent = ReActAgent(
-            name="frozenlake_agent",
-            sys_prompt=self.game.system_prompt() or "",
-            model=agentscope_chat_model(self.model, self.task),
-            formatter=OpenAIChatFormatter(),
-            toolkit=Toolkit(),
-            memory=InMemoryMemory(),
-            max_iters=self.react_max_iters,
-        )
-        agent.set_console_output_enabled(False)
-        return agent
+        chat_model = agentscope_chat_model(self.model, self.task)
+        sys_prompt = self.game.system_prompt() or ""
+        return react_agent("frozenlake_agent", sys_prompt, chat_model, Toolkit(), self.react_max_iters)
 
     async def run_async(self) -> list[Experience]:
         require_agentscope(self.registered_name)

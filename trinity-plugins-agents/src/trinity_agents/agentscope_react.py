@@ -132,6 +132,39 @@ def context_exhausted(exc: BaseException) -> bool:
     return False
 
 
+def react_agent(name: str, sys_prompt: str, chat_model: Any, toolkit: Any, max_iters: int) -> Any:
+    """AgentScope's ``ReActAgent`` as the workflows here run it: OpenAI chat format, in-memory
+    history, no console output."""
+    from agentscope.agent import ReActAgent
+    from agentscope.formatter import OpenAIChatFormatter
+    from agentscope.memory import InMemoryMemory
+
+    agent = ReActAgent(
+        name=name,
+        sys_prompt=sys_prompt,
+        model=chat_model,
+        formatter=OpenAIChatFormatter(),
+        toolkit=toolkit,
+        memory=InMemoryMemory(),
+        max_iters=max_iters,
+    )
+    agent.set_console_output_enabled(False)
+    return agent
+
+
+async def reply_or_none(agent: Any, question: str, structured_model: Any = None) -> Any:
+    """The agent's reply to ``question`` from the user; ``None`` when the conversation outgrew
+    ``max_model_len`` on the way (:func:`context_exhausted`): the episode ends there, unanswered."""
+    from agentscope.message import Msg
+
+    try:
+        return await agent.reply(Msg("user", question, "user"), structured_model=structured_model)
+    except Exception as exc:
+        if not context_exhausted(exc):
+            raise
+        return None
+
+
 def prompt_hash(exp: Experience) -> str:
     """A digest of the prompt tokens of a recorded call (``env_state_hash`` for GiGPO)."""
     ids = exp.tokens[: exp.prompt_length].tolist()
@@ -468,38 +501,19 @@ class AgentScopeReActWorkflow(Workflow):
         return run_blocking(self)
 
     def build_agent(self) -> Any:
-        from agentscope.agent import ReActAgent
-        from agentscope.formatter import OpenAIChatFormatter
-        from agentscope.memory import InMemoryMemory
-
-        agent = ReActAgent(
-            name="math_react_agent",
-            sys_prompt=self.system_prompt(),
-            model=agentscope_chat_model(self.model, self.task),
-            formatter=OpenAIChatFormatter(),
-            toolkit=build_toolkit(
-                self.tools, python_timeout=self.python_timeout, python_memory_mb=self.python_memory_mb
-            ),
-            memory=InMemoryMemory(),
-            max_iters=self.max_iters,
+        toolkit = build_toolkit(
+            self.tools, python_timeout=self.python_timeout, python_memory_mb=self.python_memory_mb
         )
-        agent.set_console_output_enabled(False)
-        return agent
+        chat_model = agentscope_chat_model(self.model, self.task)
+        return react_agent("math_react_agent", self.system_prompt(), chat_model, toolkit, self.max_iters)
 
     async def run_async(self) -> list[Experience]:
         require_agentscope(self.registered_name)
-        from agentscope.message import Msg
-
         check_model_for_agents(self.model, self.registered_name, tools=True)
         clear_history(self.model)
         agent = self.build_agent()
         structured = _structured_model() if self.structured_output else None
-        try:
-            reply = await agent.reply(Msg("user", self.query, "user"), structured_model=structured)
-        except Exception as exc:
-            if not context_exhausted(exc):
-                raise
-            reply = None  # the conversation outgrew max_model_len: no answer
+        reply = await reply_or_none(agent, self.query, structured)
         metadata = reply.metadata if reply is not None and isinstance(reply.metadata, dict) else {}
         text = (reply.get_text_content() if reply is not None else None) or ""
         answer_text = str(metadata["result"]) if "result" in metadata else text
@@ -561,6 +575,8 @@ __all__ = [
     "context_exhausted",
     "final_answer",
     "math_reward",
+    "react_agent",
     "reference_answer",
+    "reply_or_none",
     "require_agentscope",
 ]

@@ -48,8 +48,9 @@ from trinity_agents.agentscope_react import (
     agentscope_chat_model,
     check_model_for_agents,
     clear_history,
-    context_exhausted,
     finish_steps,
+    react_agent,
+    reply_or_none,
     require_agentscope,
     run_blocking,
 )
@@ -619,37 +620,20 @@ class EmailSearchWorkflow(Workflow):
         return run_blocking(self)
 
     def build_agent(self, tools: EmailTools) -> Any:
-        from agentscope.agent import ReActAgent
-        from agentscope.formatter import OpenAIChatFormatter
-        from agentscope.memory import InMemoryMemory
-
         self._chat_model = agentscope_chat_model(self.model, self.task)
-        agent = ReActAgent(
-            name="email_search_agent",
-            sys_prompt=self.system_prompt(),
-            model=self._chat_model,
-            formatter=OpenAIChatFormatter(),
-            toolkit=build_email_toolkit(tools),
-            memory=InMemoryMemory(),
-            max_iters=self.max_turns,
+        toolkit = build_email_toolkit(tools)
+        return react_agent(
+            "email_search_agent", self.system_prompt(), self._chat_model, toolkit, self.max_turns
         )
-        agent.set_console_output_enabled(False)
-        return agent
 
     async def run_async(self) -> list[Experience]:
         require_agentscope(self.registered_name)
-        from agentscope.message import Msg
-
         check_model_for_agents(self.model, self.registered_name, tools=True)
         tools = EmailTools(self.database(), self.inbox, self.query_date, self.char_limit)
         clear_history(self.model)
         agent = self.build_agent(tools)
         try:
-            reply = await agent.reply(Msg("user", self.question, "user"), structured_model=_answer_model())
-        except Exception as exc:
-            if not context_exhausted(exc):
-                raise
-            reply = None  # the conversation outgrew max_model_len: no answer
+            reply = await reply_or_none(agent, self.question, _answer_model())
         finally:
             # Closed on this event loop: run() ends its loop after the episode.
             await self._chat_model.client.close()

@@ -48,8 +48,9 @@ from trinity_agents.agentscope_react import (
     agentscope_chat_model,
     check_model_for_agents,
     clear_history,
-    context_exhausted,
     finish_steps,
+    react_agent,
+    reply_or_none,
     require_agentscope,
     run_blocking,
 )
@@ -580,27 +581,12 @@ class AgentScopeV1ReactSearchWorkflow(Workflow):
         return run_blocking(self)
 
     def build_agent(self, tools: SearchTools) -> Any:
-        from agentscope.agent import ReActAgent
-        from agentscope.formatter import OpenAIChatFormatter
-        from agentscope.memory import InMemoryMemory
-
         self._chat_model = agentscope_chat_model(self.model, self.task)
-        agent = ReActAgent(
-            name="Friday",
-            sys_prompt=self.system_prompt(),
-            model=self._chat_model,
-            formatter=OpenAIChatFormatter(),
-            toolkit=build_search_toolkit(tools),
-            memory=InMemoryMemory(),
-            max_iters=self.max_turns,
-        )
-        agent.set_console_output_enabled(False)
-        return agent
+        toolkit = build_search_toolkit(tools)
+        return react_agent("Friday", self.system_prompt(), self._chat_model, toolkit, self.max_turns)
 
     async def run_async(self) -> list[Experience]:
         require_agentscope(self.registered_name)
-        from agentscope.message import Msg
-
         check_model_for_agents(self.model, self.registered_name, tools=True)
         corpus = await asyncio.to_thread(open_corpus, self.corpus_path)
         _announce_local(
@@ -610,13 +596,7 @@ class AgentScopeV1ReactSearchWorkflow(Workflow):
         clear_history(self.model)
         agent = self.build_agent(tools)
         try:
-            reply = await agent.reply(
-                Msg("user", self.question, "user"), structured_model=_final_result_model()
-            )
-        except Exception as exc:
-            if not context_exhausted(exc):
-                raise
-            reply = None  # the conversation outgrew max_model_len: no answer
+            reply = await reply_or_none(agent, self.question, _final_result_model())
         finally:
             await self._chat_model.client.close()  # on this event loop: run() ends it
         metadata = reply.metadata if reply is not None and isinstance(reply.metadata, dict) else {}
