@@ -39,16 +39,8 @@ from trinity_agents.multi_turn import Episode, MultiTurnWorkflow, StepResult, as
 if TYPE_CHECKING:
     from trinity.workflow import Task
 
-SYSTEM_PROMPT = """You are an agent acting in a text-based household environment.
-
-## How to answer
-At every step, first think, then act to carry out the task you were given. Always put your thinking inside <think> </think> and your action inside <action> </action>.
-Take exactly one action per step.
-Never address the user: complete the task on your own.
-
-## Commands
-These are the commands you can use:
-  look:                             look around where you are
+#: ALFWorld's commands as the system prompts list them (this one and RAFT's).
+COMMANDS = """  look:                             look around where you are
   inventory:                        list what you carry (you can hold only 1 object)
   go to (receptacle):               walk to a receptacle
   open (receptacle):                open a receptacle
@@ -60,10 +52,25 @@ These are the commands you can use:
   heat (object) with (receptacle):  heat an object with a receptacle
   clean (object) with (receptacle): clean an object with a receptacle
   cool (object) with (receptacle):  cool an object with a receptacle
-  slice (object) with (object):     slice an object with a sharp object
+  slice (object) with (object):     slice an object with a sharp object"""
+
+SYSTEM_PROMPT = (
+    """You are an agent acting in a text-based household environment.
+
+## How to answer
+At every step, first think, then act to carry out the task you were given. Always put your thinking inside <think> </think> and your action inside <action> </action>.
+Take exactly one action per step.
+Never address the user: complete the task on your own.
+
+## Commands
+These are the commands you can use:
+"""
+    + COMMANDS
+    + """
 
 A reply looks like this:
 <think> To do the task, I first need to ... </think><action>go to cabinet 1</action>"""
+)
 
 #: The game's answer to a command it cannot carry out.
 NOTHING_HAPPENS = "Nothing happens."

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trinity_agents.alfworld import NOTHING_HAPPENS, AlfworldWorkflow, _observation
+from trinity_agents.alfworld import COMMANDS, NOTHING_HAPPENS, AlfworldWorkflow, _observation
 from trinity_agents.multi_turn import Episode, StepResult
 
 if TYPE_CHECKING:
@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # The prompts say what Trinity-RFT's RAFT_prompt/*.j2 templates say, in our own words.
-RAFT_SYSTEM_PROMPT = """You are an agent acting in a text-based virtual environment.
+RAFT_SYSTEM_PROMPT = (
+    """You are an agent acting in a text-based virtual environment.
 
 ## Response format
 Every response MUST have exactly these three parts, all of them, in this order:
@@ -57,19 +58,9 @@ Every response MUST have exactly these three parts, all of them, in this order:
 <action>exactly one command</action>
 
 ## Commands
-  look:                             look around where you are
-  inventory:                        list what you carry (you can hold only 1 object)
-  go to (receptacle):               walk to a receptacle
-  open (receptacle):                open a receptacle
-  close (receptacle):               close a receptacle
-  take (object) from (receptacle):  pick an object up from a receptacle
-  move (object) to (receptacle):    put an object in or on a receptacle
-  examine (something):              look closely at a receptacle or an object
-  use (object):                     use an object
-  heat (object) with (receptacle):  heat an object with a receptacle
-  clean (object) with (receptacle): clean an object with a receptacle
-  cool (object) with (receptacle):  cool an object with a receptacle
-  slice (object) with (object):     slice an object with a sharp object
+"""
+    + COMMANDS
+    + """
 
 A response looks like this:
 <experience>In household tasks it pays to explore first and learn which objects and receptacles there are. Typical mistakes: forgetting that only one object can be carried, and acting on an object before examining it.</experience>
@@ -80,6 +71,7 @@ A response looks like this:
 
 ## Note
 The <experience> part must state working principles, strategies, common-sense knowledge and pitfalls that hold for this kind of task in general: no generic filler, no placeholders, no rules that fit only this one situation."""
+)
 
 #: The system message that starts a second attempt (``{reward_feedback}``: :func:`reward_feedback`).
 SECOND_ATTEMPT_GUIDANCE = """{reward_feedback}
