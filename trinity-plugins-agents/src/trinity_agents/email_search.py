@@ -30,7 +30,6 @@ text comparison, counted in the metrics (``judge_fallback``) and logged.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import logging
@@ -54,6 +53,7 @@ from trinity_agents.agentscope_react import (
     require_agentscope,
     run_blocking,
 )
+from trinity_agents.judge_call import ask_judge
 from trinity_agents.multi_turn import positive_int
 
 if TYPE_CHECKING:
@@ -339,8 +339,6 @@ async def judge_answer(
 ) -> JudgeOutcome:
     """Ask ``judge`` (a model wrapper, e.g. the first auxiliary model) through its OpenAI API
     whether ``answer`` is right; never raises."""
-    if judge is None:
-        return JudgeOutcome(None, "no_judge", detail="no explorer.auxiliary_models configured")
     messages = [
         {"role": "system", "content": JUDGE_SYSTEM_PROMPT},
         {
@@ -348,20 +346,9 @@ async def judge_answer(
             "content": f"Question: {question}\nReference answer: {reference}\nAI answer: {answer}",
         },
     ]
-    try:
-        client = judge.get_openai_async_client()
-        model_id = getattr(judge, "model_path", None) or judge.model_name
-        try:
-            completion = await asyncio.wait_for(
-                client.chat.completions.create(model=model_id, messages=messages, stream=False), timeout
-            )
-        finally:
-            await client.close()  # on this event loop: the workflow's loop may end after the run
-        reply = completion.choices[0].message.content or ""
-    except asyncio.TimeoutError:
-        return JudgeOutcome(None, "timeout", detail=f"no reply within {timeout:g} s")
-    except Exception as exc:  # any failure of the judge falls back, counted
-        return JudgeOutcome(None, "error", detail=f"{type(exc).__name__}: {exc}"[:300])
+    reply, failure, detail = await ask_judge(judge, messages, timeout)
+    if reply is None:
+        return JudgeOutcome(None, failure, detail=detail)
     verdict = read_verdict(reply)
     if verdict is None:
         return JudgeOutcome(

@@ -54,6 +54,7 @@ from trinity_agents.agentscope_react import (
     require_agentscope,
     run_blocking,
 )
+from trinity_agents.judge_call import ask_judge
 from trinity_agents.multi_turn import positive_int
 from trinity_agents.web_corpus import WebPage, default_world
 
@@ -447,8 +448,6 @@ async def judge_answer(
 ) -> tuple[bool | None, str]:
     """``(verdict, reply or why it failed)``: the judge model's verdict through its OpenAI API,
     ``None`` when there is no judge or it failed; never raises."""
-    if judge is None:
-        return None, "no explorer.auxiliary_models configured"
     messages = [
         {"role": "system", "content": "You evaluate correctness."},
         {
@@ -458,20 +457,9 @@ async def judge_answer(
             ),
         },
     ]
-    try:
-        client = judge.get_openai_async_client()
-        model_id = getattr(judge, "model_path", None) or judge.model_name
-        try:
-            completion = await asyncio.wait_for(
-                client.chat.completions.create(model=model_id, messages=messages, stream=False), timeout
-            )
-        finally:
-            await client.close()  # on this event loop, which may end with the run
-        reply = completion.choices[0].message.content or ""
-    except asyncio.TimeoutError:
-        return None, f"no reply within {timeout:g} s"
-    except Exception as exc:  # any failure of the judge falls back, counted
-        return None, f"{type(exc).__name__}: {exc}"[:300]
+    reply, _, detail = await ask_judge(judge, messages, timeout)
+    if reply is None:
+        return None, detail
     return judge_says_yes(reply), reply
 
 
