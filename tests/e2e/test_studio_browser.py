@@ -9,7 +9,6 @@ folder to save a screenshot of each page there (``docs/images`` holds the ones i
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,23 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+from .chrome import missing, start_chrome, wait
+
 SCREENSHOTS = os.environ.get("TRINITY_STUDIO_SCREENSHOTS")
 
 
-def _missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install selenium; it is in trinity-core[dev])"
-    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not os.path.exists(path):
-            return f"{path} not found: apt-get install -y {package} (.ci/run does this on CI)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=f"studio browser tests: {_missing()}")
+pytestmark = pytest.mark.skipif(missing() is not None, reason=f"studio browser tests: {missing()}")
 
 QUICKSTART_VALUES = {  # the core of examples/quickstart/quickstart.yaml, typed in the beginner form
     "project": "quickstart",
@@ -114,29 +102,12 @@ def studio(studio_root):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     downloads = tmp_path_factory.mktemp("downloads")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,800"):
-        options.add_argument(arg)
-    options.add_experimental_option("prefs", {"download.default_directory": str(downloads)})
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver = start_chrome(downloads)
     driver.downloads = downloads
     driver.implicitly_wait(0)
     yield driver
     driver.quit()
-
-
-def _wait(driver, condition, timeout=15.0, what="the page"):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(
-        condition, message=f"timed out waiting for {what}"
-    )
 
 
 def _css(driver, selector):
@@ -148,7 +119,7 @@ def _css(driver, selector):
 def _open(driver, url, ready_selector):
     driver.get(url)
     driver.refresh()  # a hash change alone would keep the previous page's state
-    _wait(driver, lambda d: _css(d, ready_selector), what=ready_selector)
+    wait(driver, lambda d: _css(d, ready_selector), what=ready_selector)
 
 
 def _screenshot(driver, name):
@@ -198,13 +169,13 @@ def test_beginner_form_builds_the_quickstart_config_which_dry_runs(browser, stud
     for key, value in QUICKSTART_CHOICES.items():
         Select(_field(browser, key)).select_by_value(value)
     # The picked reward function's default_args() appear as its argument fields.
-    _wait(
+    wait(
         browser,
         lambda d: _css(d, '[data-key="buffer.explorer_input.taskset.reward_fn_args.format_score"]'),
         what="reward_fn_args",
     )
     _type(browser, "buffer.explorer_input.taskset.reward_fn_args.format_score", "0.0")
-    _wait(browser, lambda d: "valid" in _css(d, "#cfg-status")[0].text, what="the config to validate")
+    wait(browser, lambda d: "valid" in _css(d, "#cfg-status")[0].text, what="the config to validate")
     _screenshot(browser, "config")
 
     saved = tmp_path / "quickstart.yaml"
@@ -212,14 +183,14 @@ def test_beginner_form_builds_the_quickstart_config_which_dry_runs(browser, stud
     path_box.clear()
     path_box.send_keys(str(saved))
     _css(browser, "#cfg-save")[0].click()
-    _wait(
+    wait(
         browser,
         lambda d: saved.is_file() and "saved" in _css(d, "#cfg-message")[0].text,
         what="the saved file",
     )
     _css(browser, "#cfg-download")[0].click()
     downloaded = browser.downloads / "config.yaml"
-    _wait(browser, lambda d: downloaded.is_file() and downloaded.stat().st_size > 0, what="the download")
+    wait(browser, lambda d: downloaded.is_file() and downloaded.stat().st_size > 0, what="the download")
     assert yaml.safe_load(downloaded.read_text()) == yaml.safe_load(saved.read_text())
 
     config = yaml.safe_load(saved.read_text())
@@ -247,19 +218,17 @@ def test_beginner_form_builds_the_quickstart_config_which_dry_runs(browser, stud
     assert "algorithm_type: grpo" in proc.stdout
 
     _css(browser, "#cfg-dry-run")[0].click()
-    _wait(
-        browser, lambda d: "checkpoint_job_dir" in _css(d, "#cfg-output")[0].text, what="the dry-run output"
-    )
+    wait(browser, lambda d: "checkpoint_job_dir" in _css(d, "#cfg-output")[0].text, what="the dry-run output")
 
 
 def test_live_field_error_beside_the_field(browser, studio):
     _open(browser, f"{studio}/#config", '[data-key="buffer.batch_size"]')
     _type(browser, "buffer.batch_size", "eight")
     slot = '[data-error-for="buffer.batch_size"]'
-    _wait(browser, lambda d: "expected an integer" in _css(d, slot)[0].text, what="the field error")
+    wait(browser, lambda d: "expected an integer" in _css(d, slot)[0].text, what="the field error")
     assert "has-error" in _css(browser, '[data-field="buffer.batch_size"]')[0].get_attribute("class")
     _type(browser, "buffer.batch_size", "8")
-    _wait(browser, lambda d: _css(d, slot)[0].text == "", what="the error to clear")
+    wait(browser, lambda d: _css(d, slot)[0].text == "", what="the error to clear")
 
 
 def test_expert_mode_shows_every_section(browser, studio):
@@ -267,7 +236,7 @@ def test_expert_mode_shows_every_section(browser, studio):
 
     _open(browser, f"{studio}/#config", '[data-key="model.model_path"]')
     Select(_css(browser, "#cfg-mode")[0]).select_by_value("expert")
-    _wait(browser, lambda d: _css(d, 'details[data-section="algorithm"]'), what="the expert form")
+    wait(browser, lambda d: _css(d, 'details[data-section="algorithm"]'), what="the expert form")
     sections = {e.get_attribute("data-section") for e in _css(browser, "details[data-section]")}
     assert {
         "algorithm",
@@ -280,9 +249,9 @@ def test_expert_mode_shows_every_section(browser, studio):
         "stages",
     } <= sections
     _css(browser, 'details[data-section="algorithm"] > summary')[0].click()
-    _wait(browser, lambda d: _css(d, '[data-key="algorithm.policy_loss_fn"]'), what="the algorithm section")
+    wait(browser, lambda d: _css(d, '[data-key="algorithm.policy_loss_fn"]'), what="the algorithm section")
     _type(browser, "algorithm.policy_loss_fn", "ppo")
-    _wait(
+    wait(
         browser,
         lambda d: _css(d, '[data-key="algorithm.policy_loss_fn_args.clip_range"]'),
         what="ppo's arguments",
@@ -291,22 +260,22 @@ def test_expert_mode_shows_every_section(browser, studio):
     # Lists of sections: add an eval taskset and fill in its name.
     for section in ("buffer", "buffer.explorer_input", "buffer.explorer_input.eval_tasksets"):
         summary = f'details[data-section="{section}"] > summary'
-        _wait(browser, lambda d, summary=summary: _css(d, summary), what=section)
+        wait(browser, lambda d, summary=summary: _css(d, summary), what=section)
         _css(browser, summary)[0].click()
     # The button shows once its section has opened (a button's text is empty until visible).
-    add = _wait(
+    add = wait(
         browser,
         lambda d: [b for b in _css(d, "button") if b.text == "add eval_tasksets item"],
         what="the eval_tasksets add button",
     )
     add[0].click()
-    _wait(
+    wait(
         browser,
         lambda d: _css(d, '[data-key="buffer.explorer_input.eval_tasksets[0].name"]'),
         what="a taskset",
     )
     _type(browser, "buffer.explorer_input.eval_tasksets[0].name", "heldout")
-    _wait(
+    wait(
         browser,
         lambda d: "- name: heldout" in _css(d, "#cfg-yaml")[0].get_attribute("value"),
         what="the YAML",
@@ -320,7 +289,7 @@ def test_reward_curve_of_a_finished_run(browser, studio):
     row = _css(browser, 'tr[data-run="demo/tiny"]')[0]
     assert "finished" in row.text
     chart = '.chart[data-title="Reward"] circle.point'
-    _wait(browser, lambda d: _css(d, chart), what="the reward chart")
+    wait(browser, lambda d: _css(d, chart), what="the reward chart")
     points = [
         (int(c.get_attribute("data-step")), float(c.get_attribute("data-value")))
         for c in _css(browser, chart)
@@ -347,7 +316,7 @@ def test_open_an_experience_and_see_its_token_colouring(browser, studio, studio_
     _open(browser, f"{studio}/#experiences?source={source}", "#exp-table-rows tbody tr[data-id]")
     assert "1–50 of 60" in _css(browser, "#exp-range")[0].text
     _css(browser, '#exp-table-rows tr[data-id="2"]')[0].click()
-    _wait(browser, lambda d: _css(d, "#exp-tokens .tok"), what="the token view")
+    wait(browser, lambda d: _css(d, "#exp-tokens .tok"), what="the token view")
     exp = list(demo_experiences(2))[1]
     tokens = _css(browser, "#exp-tokens .tok")
     assert len(tokens) == len(exp.tokens)
@@ -375,14 +344,14 @@ def test_the_newest_run_with_data_is_ticked_and_an_empty_failed_start_greyed(bro
         if b.is_selected()
     ]
     assert ticked == ["demo/tiny"]
-    _wait(browser, lambda d: _css(d, '.chart[data-title="Reward"] circle.point'), what="the reward chart")
+    wait(browser, lambda d: _css(d, '.chart[data-title="Reward"] circle.point'), what="the reward chart")
 
 
 def test_a_runs_saved_config_opens_on_the_runs_page(browser, studio):
     _open(browser, f"{studio}/#runs", 'tr[data-run="demo/tiny"] a[data-config="config.yaml"]')
     assert "not saved" in _css(browser, 'tr[data-run="demo/tiny_20990101000000"]')[0].text
     _css(browser, 'tr[data-run="demo/tiny"] a[data-config="config.yaml"]')[0].click()
-    _wait(browser, lambda d: _css(d, "#runs-config")[0].is_displayed(), what="the config panel")
+    wait(browser, lambda d: _css(d, "#runs-config")[0].is_displayed(), what="the config panel")
     text = _css(browser, "#runs-config-text")[0].text
     config = yaml.safe_load(text)
     assert config["project"] == "demo" and config["name"] == "tiny"
@@ -397,7 +366,7 @@ def test_tokens_show_as_text_decoded_with_the_runs_tokenizer(browser, studio, st
     source = studio_root / "demo" / "tiny" / "buffer" / "experiences.db"
     _open(browser, f"{studio}/#experiences?source={source}", "#exp-table-rows tbody tr[data-id]")
     _css(browser, '#exp-table-rows tr[data-id="3"]')[0].click()
-    _wait(browser, lambda d: _css(d, "#exp-tokens .tok"), what="the token view")
+    wait(browser, lambda d: _css(d, "#exp-tokens .tok"), what="the token view")
     exp = list(demo_experiences(3))[2]
     pieces = [t.text for t in _css(browser, "#exp-tokens .tok")]
     assert "".join(pieces) == exp.prompt_text + exp.response_text

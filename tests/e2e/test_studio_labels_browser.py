@@ -8,54 +8,26 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import threading
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+from .chrome import missing, start_chrome, wait
+
 SCREENSHOTS = os.environ.get("TRINITY_STUDIO_SCREENSHOTS")  # a folder: save the page there (docs/images)
 DEMO = Path(__file__).parents[1] / "upstream_configs" / "dpo_human_in_the_loop" / "demo-data.jsonl"
 
 
-def _missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install selenium; it is in trinity-core[dev])"
-    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not os.path.exists(path):
-            return f"{path} not found: apt-get install -y {package} (.ci/run does this on CI)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=f"studio browser tests: {_missing()}")
+pytestmark = pytest.mark.skipif(missing() is not None, reason=f"studio browser tests: {missing()}")
 
 
 @pytest.fixture
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,800"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver = start_chrome()
     yield driver
     driver.quit()
-
-
-def _wait(driver, condition, what, timeout=15.0):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(
-        condition, message=f"timed out waiting for {what}"
-    )
 
 
 def _text(driver, element_id):
@@ -71,7 +43,7 @@ def _click(driver, element_id):
 
 
 def _shows(driver, prompt):
-    _wait(driver, lambda d: _text(d, "lab-prompt") == prompt, f"the pair {prompt!r}")
+    wait(driver, lambda d: _text(d, "lab-prompt") == prompt, f"the pair {prompt!r}")
 
 
 def test_clicked_labels_land_as_dpo_rows(browser, tmp_path):
@@ -99,14 +71,14 @@ def test_clicked_labels_land_as_dpo_rows(browser, tmp_path):
     waiting.start()
     try:
         page = f"http://127.0.0.1:{port}/#labels"
-        _wait(browser, lambda d: _served(d, page), "the operator's studio")
+        wait(browser, lambda d: _served(d, page), "the operator's studio")
         _shows(browser, demo[0]["prompt"])
         assert _text(browser, "lab-answer1") == demo[0]["answer1"]
         assert _text(browser, "lab-answer2") == demo[0]["answer2"]
         assert "0 labelled, 0 skipped, 3 to go" in _text(browser, "lab-progress")
 
         _click(browser, "lab-pick2")  # no name yet: refused, nothing recorded
-        _wait(browser, lambda d: "Type your name" in _text(d, "lab-message"), "the name request")
+        wait(browser, lambda d: "Type your name" in _text(d, "lab-message"), "the name request")
         store = PreferenceStore(op.store_path)
         assert store.counts()["pending"] == 3
         browser.find_element(By.ID, "lab-name").send_keys("Ada")
