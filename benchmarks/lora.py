@@ -25,7 +25,8 @@ import torch
 
 from trinity.config import resolve_config
 from trinity.config.validation import validate_config
-from trinity.experience import EID, Experience
+from trinity.experience import Experience
+from trinity.testing.conformance import make_rollouts
 from trinity.testing.tiny_model import create_tiny_model
 from trinity.trainer.native import NativeTrainer
 
@@ -75,20 +76,7 @@ def _config(model: str, root: str, lora: dict | None):
 
 
 def _batch(tokenizer) -> list[Experience]:
-    exps = []
-    for task in range(4):
-        for run, (text, reward) in enumerate([("4", 1.0), ("5!?", 0.0)]):
-            p = tokenizer(f"2+2={task}", add_special_tokens=False)["input_ids"]
-            r = tokenizer(text, add_special_tokens=False)["input_ids"]
-            exps.append(
-                Experience(
-                    tokens=torch.tensor(p + r),
-                    prompt_length=len(p),
-                    reward=reward,
-                    eid=EID(task=task, run=run),
-                )
-            )
-    return exps
+    return make_rollouts(tokenizer, groups=4)
 
 
 def measure(model: str, root: str, lora: dict | None, steps: int) -> dict[str, int]:

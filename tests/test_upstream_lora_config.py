@@ -26,7 +26,7 @@ def test_its_tiny_cpu_form_trains_only_the_adapter(upstream_env, tiny_model):
     pytest.importorskip("peft", reason="LoRA needs the lora extra (peft)")
     from transformers import AutoTokenizer
 
-    from trinity.experience import EID, Experience
+    from trinity.testing.conformance import make_rollouts
     from trinity.trainer.native import NativeTrainer
 
     model = str(tiny_model(hidden_size=32, num_layers=2))
@@ -42,19 +42,7 @@ def test_its_tiny_cpu_form_trains_only_the_adapter(upstream_env, tiny_model):
     config = load_config(UPSTREAM, overrides)
     trainer = NativeTrainer(config, device="cpu")
     tok = AutoTokenizer.from_pretrained(model)
-    exps = []
-    for task in range(2):
-        for run, (text, reward) in enumerate([("4", 1.0), ("5", 0.0)]):
-            p = tok(f"2+2={task}", add_special_tokens=False)["input_ids"]
-            r = tok(text, add_special_tokens=False)["input_ids"]
-            exps.append(
-                Experience(
-                    tokens=torch.tensor(p + r),
-                    prompt_length=len(p),
-                    reward=reward,
-                    eid=EID(task=task, run=run),
-                )
-            )
+    exps = make_rollouts(tok, answers=(("4", 1.0), ("5", 0.0)))
     frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
     metrics = trainer.train_step(exps)
     assert metrics["lora/trainable_params"] > 0 and metrics["lora/sync_bytes"] > 0

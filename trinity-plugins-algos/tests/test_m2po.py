@@ -369,7 +369,7 @@ def test_a_split_step_is_warned_about_once(config_factory, caplog, monkeypatch):
 def test_one_native_step_uses_the_rollout_logprobs(config_factory):
     from transformers import AutoTokenizer
 
-    from trinity.experience import EID, Experience
+    from trinity.testing.conformance import make_rollouts
     from trinity.trainer.batch import build_batch, to_device
     from trinity.trainer.forward import forward_logprobs
     from trinity.trainer.native import NativeTrainer
@@ -377,19 +377,7 @@ def test_one_native_step_uses_the_rollout_logprobs(config_factory):
     config = _config(config_factory, {"repeat_times": 2}, use_dynamic_bsz=False)
     trainer = NativeTrainer(config)
     tok = AutoTokenizer.from_pretrained(config.model.model_path)
-    exps = []
-    for task in range(2):
-        for run, (text, reward) in enumerate([("4", 1.0), ("5!?", 0.0)]):
-            p = tok("2+2=" + str(task), add_special_tokens=False)["input_ids"]
-            r = tok(text, add_special_tokens=False)["input_ids"]
-            exps.append(
-                Experience(
-                    tokens=torch.tensor(p + r),
-                    prompt_length=len(p),
-                    reward=reward,
-                    eid=EID(task=task, run=run),
-                )
-            )
+    exps = make_rollouts(tok)
     batch = to_device(build_batch(exps, trainer.pad_token_id), trainer.device)
     with torch.no_grad():
         own, _ = forward_logprobs(trainer.model, batch)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trinity.experience import EID, Experience
+from trinity.testing.conformance import make_rollouts
 from trinity.trainer import checkpoint as ckpt
 from trinity.trainer.batch import build_batch, to_device
 from trinity.trainer.convert import convert_checkpoint
@@ -26,23 +26,6 @@ needs_peft = pytest.mark.skipif(
 
 GRPO = {"algorithm_type": "grpo", "repeat_times": 2, "optimizer": {"lr": 5e-2}}
 LORA = {"name": "lora", "lora_rank": 4, "lora_alpha": 8}
-
-
-def _rollouts(tok, groups=2):
-    exps = []
-    for task in range(groups):
-        for run, (text, reward) in enumerate([("4", 1.0), ("5!?", 0.0)]):
-            p = tok(f"2+2={task}", add_special_tokens=False)["input_ids"]
-            r = tok(text, add_special_tokens=False)["input_ids"]
-            exps.append(
-                Experience(
-                    tokens=torch.tensor(p + r),
-                    prompt_length=len(p),
-                    reward=reward,
-                    eid=EID(task=task, run=run),
-                )
-            )
-    return exps
 
 
 def _logprobs(model, trainer, exps):
@@ -76,7 +59,7 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base(lora_trainer, tin
     frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
     adapter = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert adapter and all(".lora_" in n for n in adapter)
-    exps = _rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
+    exps = make_rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
     for _ in range(2):
         metrics = trainer.train_step(exps)
     assert metrics["lora/trainable_params"] == sum(p.numel() for p in adapter.values())
@@ -99,7 +82,7 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base(lora_trainer, tin
 @needs_peft
 def test_checkpoint_holds_the_adapter_and_a_merged_export_and_resumes(config_factory, tiny_model_path):
     trainer = _lora_trainer(config_factory, tiny_model_path)
-    exps = _rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
+    exps = make_rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
     trainer.train_step(exps)
     path = trainer.save_checkpoint()
     adapter_files = {p.name for p in (Path(path) / "adapter").iterdir()}
@@ -128,7 +111,7 @@ def test_checkpoint_holds_the_adapter_and_a_merged_export_and_resumes(config_fac
 @needs_peft
 def test_trinity_convert_copies_the_merged_export(config_factory, tiny_model_path, tmp_path):
     trainer = _lora_trainer(config_factory, tiny_model_path)
-    trainer.train_step(_rollouts(AutoTokenizer.from_pretrained(tiny_model_path)))
+    trainer.train_step(make_rollouts(AutoTokenizer.from_pretrained(tiny_model_path)))
     path = trainer.save_checkpoint()
     out = tmp_path / "converted"
     convert_checkpoint(path, out)  # what `trinity convert` runs
@@ -154,7 +137,7 @@ def test_weight_sync_sends_what_the_adapter_changes_and_the_engine_then_matches(
     trainer = _lora_trainer(config_factory, tiny_model_path)
     assert trainer.sync_adapter_only  # the rollout engine of these configs is transformers
     trainer.sync_adapter_only = adapter_only  # what a vLLM rollout engine gets: merged
-    exps = _rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
+    exps = make_rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
     adapted = {n.rsplit(".", 1)[0] for n in merged_weights(trainer.model)}
     engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu")
@@ -183,7 +166,7 @@ def test_an_engine_resumed_from_a_merged_checkpoint_takes_adapter_syncs(config_f
     from trinity.rollout.transformers_engine import TransformersEngine
 
     trainer = _lora_trainer(config_factory, tiny_model_path)
-    exps = _rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
+    exps = make_rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
     trainer.train_step(exps)
     path = trainer.save_checkpoint()
     engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu")
@@ -231,7 +214,7 @@ def test_a_broadcast_sync_carries_the_adapter_to_the_engine(config_factory, tiny
     from trinity.sync.broadcast import WeightSender
 
     trainer = _lora_trainer(config_factory, tiny_model_path)
-    exps = _rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
+    exps = make_rollouts(AutoTokenizer.from_pretrained(tiny_model_path))
     trainer.train_step(exps)
     engine = TransformersEngine(tiny_model_path, dtype="float32", device="cpu")
     sender = WeightSender(2, "gloo", 20)
@@ -256,5 +239,5 @@ def test_a_broadcast_sync_carries_the_adapter_to_the_engine(config_factory, tiny
 def test_gradient_checkpointing_trains_the_adapter(config_factory, tiny_model_path):
     trainer = _lora_trainer(config_factory, tiny_model_path, {"trainer": {"gradient_checkpointing": True}})
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    trainer.train_step(_rollouts(AutoTokenizer.from_pretrained(tiny_model_path)))
+    trainer.train_step(make_rollouts(AutoTokenizer.from_pretrained(tiny_model_path)))
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if n in before)

@@ -82,6 +82,31 @@ def make_experiences(
     return out
 
 
+def make_rollouts(
+    tokenizer: Any,
+    groups: int = 2,
+    answers: tuple[tuple[str, float], ...] = (("4", 1.0), ("5!?", 0.0)),
+    prompt: str = "2+2=",
+) -> list[Experience]:
+    """Rollouts a trainer can take a step on, in ``tokenizer``'s tokens: per task ``i`` of
+    ``groups``, the prompt ``f"{prompt}{i}"`` answered with each ``(text, reward)`` of
+    ``answers`` (run ``0``, ``1``, ...), so every group has a reward spread."""
+    out = []
+    for task in range(groups):
+        p = tokenizer(f"{prompt}{task}", add_special_tokens=False)["input_ids"]
+        for run, (text, reward) in enumerate(answers):
+            r = tokenizer(text, add_special_tokens=False)["input_ids"]
+            out.append(
+                Experience(
+                    tokens=torch.tensor(p + r),
+                    prompt_length=len(p),
+                    reward=reward,
+                    eid=EID(batch=0, task=task, run=run),
+                )
+            )
+    return out
+
+
 class ListReader:
     """An in-memory :class:`~trinity.experience.BufferReader` over a list (reads each item once)."""
 
