@@ -102,13 +102,10 @@ def logprob_agreement(batch: Mapping[str, Any]) -> dict[str, float]:
     (``sync_offset`` > 0, asynchronous sync) add the policy's own drift between the two weight
     versions. Returns ``{}`` where there is nothing to compare.
     """
-    if not batch.get("has_rollout_logprobs") or "old_logprob" not in batch:
+    compared = _compared_logprobs(batch)
+    if compared is None:
         return {}
-    mask = batch["action_mask"].bool()
-    if not mask.any():
-        return {}
-    trainer = batch["old_logprob"].float()[mask]
-    rollout = batch["rollout_logprobs"].float().to(trainer.device)[mask]
+    trainer, rollout = compared
     diff = trainer - rollout
     ratio = diff.exp()
     probs = (trainer.exp() - rollout.exp()).abs()
@@ -133,14 +130,24 @@ def logprob_diff_histogram(batch: Mapping[str, Any]) -> dict[str, Any]:
     (temperature, top-k/top-p renormalisation)."""
     from trinity.monitor.base import Histogram
 
-    if not batch.get("has_rollout_logprobs") or "old_logprob" not in batch:
+    compared = _compared_logprobs(batch)
+    if compared is None:
         return {}
+    trainer, rollout = compared
+    return {"rollout/logprob_diff/histogram": Histogram.of((trainer - rollout).detach().cpu().numpy())}
+
+
+def _compared_logprobs(batch: Mapping[str, Any]) -> tuple[Any, Any] | None:
+    """The trainer's and the rollout engine's log-probs of the tokens of ``action_mask`` (flat),
+    or ``None`` where there is nothing to compare (no rollout log-probs, no trainer forward of
+    the sampling weights, no token trained)."""
+    if not batch.get("has_rollout_logprobs") or "old_logprob" not in batch:
+        return None
     mask = batch["action_mask"].bool()
     if not mask.any():
-        return {}
+        return None
     trainer = batch["old_logprob"].float()[mask]
-    diff = trainer - batch["rollout_logprobs"].float().to(trainer.device)[mask]
-    return {"rollout/logprob_diff/histogram": Histogram.of(diff.detach().cpu().numpy())}
+    return trainer, batch["rollout_logprobs"].float().to(trainer.device)[mask]
 
 
 class MetricAccumulator:
