@@ -8,14 +8,17 @@ native trainer, memory weight sync) runs four times:
 2. with a long tail (one task in five sleeps ``--slow-s`` seconds before its rollouts; a
    workflow wrapper from a ``--plugin-dir`` written by this script), ``over_rollout`` off
    against on (``ratio 0.2``: a step goes on once four tasks of five finished, and drops the
-   slow one). Both with ``sync_style: explorer_driven`` (over_rollout needs a dynamic style).
+   slow one). Both with ``sync_style: explorer_driven`` (over_rollout needs a dynamic style);
+3. over_rollout on with partial rollouts (``partial_rollout: true``): the slow task is carried
+   into the next step and finishes there under the new weights instead of being dropped.
 
 Times are the launcher's step loop only (actor start-up and model loading excluded).
 
     python benchmarks/async.py [--steps 8] [--slow-s 2]
 
-Prints, per run, trainer steps/s and experiences/s, and the ratios offset 1 / offset 0 and
-over_rollout on / off.
+Prints, per run, trainer steps/s and experiences/s (tasks dropped and, with partial rollouts,
+resumed), and the ratios offset 1 / offset 0, over_rollout on / off and partial rollouts /
+dropping.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ explorer:
   eval_interval: 1000
   eval_on_startup: false
   runner_per_model: 5
-  over_rollout: {{ratio: {ratio}, wait_after_min: 0}}
+  over_rollout: {{ratio: {ratio}, wait_after_min: 0, partial_rollout: {partial}}}
   rollout_model: {{engine_type: transformers, engine_num: 1, dtype: float32, seed: 1}}
 synchronizer: {{sync_method: memory, sync_style: {style}, sync_interval: 1, sync_offset: {offset}}}
 trainer: {{trainer_type: native, save_interval: 0, dtype: float32}}
@@ -106,6 +109,9 @@ def run_job(root: Path, name: str, steps: int, **params: object) -> dict[str, fl
         seen["dropped"] = seen.get("dropped", 0.0) + float(
             metrics.get("rollout/over_rollout/dropped_tasks", 0.0)
         )
+        seen["resumed"] = seen.get("resumed", 0.0) + float(
+            metrics.get("rollout/partial_rollout/resumed_tasks", 0.0)
+        )
         return explored(self, result)
 
     loop_cls.run, loop_cls.explored = timed_run, counting
@@ -121,6 +127,7 @@ def run_job(root: Path, name: str, steps: int, **params: object) -> dict[str, fl
         "exps_per_s": seen["experiences"] / seconds,
         "seconds": seconds,
         "dropped": seen.get("dropped", 0.0),
+        "resumed": seen.get("resumed", 0.0),
     }
 
 
@@ -145,19 +152,21 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.pop("RAY_ADDRESS", None)
 
-    plain = {"workflow": "math_workflow", "ratio": 0.0, "style": "fixed"}
+    plain = {"workflow": "math_workflow", "ratio": 0.0, "style": "fixed", "partial": "false"}
     tail = {"workflow": "slow_math", "style": "explorer_driven", "offset": 1}
     runs = {
         "offset0": run_job(root, "offset0", args.steps, offset=0, **plain),
         "offset1": run_job(root, "offset1", args.steps, offset=1, **plain),
-        "tail_over_off": run_job(root, "tail_over_off", args.steps, ratio=0.0, **tail),
-        "tail_over_on": run_job(root, "tail_over_on", args.steps, ratio=0.2, **tail),
+        "tail_over_off": run_job(root, "tail_over_off", args.steps, ratio=0.0, partial="false", **tail),
+        "tail_over_on": run_job(root, "tail_over_on", args.steps, ratio=0.2, partial="false", **tail),
+        "tail_partial": run_job(root, "tail_partial", args.steps, ratio=0.2, partial="true", **tail),
     }
     print()
-    print(f"{'run':<16}{'loop s':>9}{'steps/s':>10}{'exps/s':>10}{'dropped':>9}")
+    print(f"{'run':<16}{'loop s':>9}{'steps/s':>10}{'exps/s':>10}{'dropped':>9}{'resumed':>9}")
     for name, r in runs.items():
         print(
             f"{name:<16}{r['seconds']:>9.1f}{r['steps_per_s']:>10.3f}{r['exps_per_s']:>10.2f}{r['dropped']:>9.0f}"
+            f"{r['resumed']:>9.0f}"
         )
     print()
     ratio = runs["offset1"]["steps_per_s"] / runs["offset0"]["steps_per_s"]
@@ -166,6 +175,11 @@ def main() -> None:
     print(
         f"over_rollout on / off, 20% long tail ({args.slow_s:g}s): steps/s {on['steps_per_s'] / off['steps_per_s']:.2f}x, "
         f"experiences/s {on['exps_per_s'] / off['exps_per_s']:.2f}x"
+    )
+    part = runs["tail_partial"]
+    print(
+        f"partial rollouts / dropping (over_rollout on): steps/s {part['steps_per_s'] / on['steps_per_s']:.2f}x, "
+        f"experiences/s {part['exps_per_s'] / on['exps_per_s']:.2f}x"
     )
 
 

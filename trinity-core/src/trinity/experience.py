@@ -27,6 +27,7 @@ _RESPONSE_TENSORS = (
     "returns",
     "token_level_reward",
     "teacher_logprobs",
+    "token_versions",
 )
 _TENSOR_FIELDS = ("tokens", "chosen", "rejected", *_RESPONSE_TENSORS)
 
@@ -74,7 +75,10 @@ class Experience:
     ``token_level_reward``, ``teacher_logprobs``) cover the response part only. ``action_mask`` marks the tokens
     produced by the policy (multi-turn: assistant turns only); ``None`` means all response
     tokens. ``teacher_logprobs`` are a teacher model's log-probs of the response tokens
-    (on-policy distillation records them; see ``ModelWrapper.logprobs``). DPO samples keep the
+    (on-policy distillation records them; see ``ModelWrapper.logprobs``). ``token_versions`` is
+    the model version each response token was sampled with, where they differ (a partial rollout
+    resumed under new weights, ``explorer.over_rollout.partial_rollout``); ``None`` means all were
+    sampled with ``model_version``. DPO samples keep the
     prompt in ``tokens`` and the two responses in ``chosen`` / ``rejected``.
 
     A multi-step (step-wise) episode is one Experience per model call, all with the same
@@ -100,6 +104,7 @@ class Experience:
     rejected: torch.Tensor | None = None
     messages: list[dict[str, Any]] | None = None
     teacher_logprobs: torch.Tensor | None = None
+    token_versions: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         for name in _TENSOR_FIELDS:

@@ -98,6 +98,12 @@ def check_sync(c: Config) -> None:
             if over.ratio > 0
             else "explorer.over_rollout.return_partial_tasks",
         )
+    if over.partial_rollout and over.ratio == 0:
+        raise ConfigError(
+            "explorer.over_rollout.partial_rollout carries the tasks a step ends without, but with "
+            "ratio 0 every step waits for all its tasks: set explorer.over_rollout.ratio above 0",
+            key="explorer.over_rollout.partial_rollout",
+        )
 
 
 def check_data_processor(c: Config) -> None:

@@ -5,7 +5,12 @@ A plain class (the launcher wraps it in a Ray actor). One explore step:
 1. read ``buffer.batch_size`` tasks from the training tasksets;
 2. run them on the runner pool (``explorer.runner_per_model`` runners per engine);
    with ``explorer.over_rollout`` the step goes on once ``ceil((1 - ratio) * batch_size)``
-   tasks finished (and the rest had ``wait_after_min`` more seconds); the others are dropped;
+   tasks finished (and the rest had ``wait_after_min`` more seconds); the others are dropped,
+   or with ``over_rollout.partial_rollout`` the started ones are carried into the next step: the
+   engines are paused there (a sync point: their samples keep the tokens they have) and resume,
+   with whatever weights were loaded in between, when the explorer next works (a sync, an eval
+   or the next step); carried tasks whose weights are more than ``max_staleness`` versions old
+   by then are dropped (``rollout/partial_rollout/...`` metrics);
 3. stamp every Experience with its ``eid`` (batch = step, task = position in the batch,
    run = repeat index) and the model version, write them to the experience buffer;
 4. return metrics (``rollout/...``, ``timing/...``).
@@ -199,6 +204,17 @@ class Explorer:
         # over_rollout: a step goes on once this many of its tasks finished (as Trinity-RFT).
         over = ex.over_rollout
         self.min_finished = math.ceil(config.buffer.batch_size * (1 - over.ratio)) if over.ratio > 0 else None
+        # Partial rollouts: carry the tasks a step ends without (engines that can pause only).
+        self.partial_rollout = bool(over.partial_rollout and self.min_finished is not None)
+        if self.partial_rollout and not all(e.supports_partial_rollout for e in self.engines):
+            self.partial_rollout = False
+            logger.warning(
+                "explorer.over_rollout.partial_rollout: the %s rollout engine cannot pause and resume "
+                "its samples; unfinished tasks are dropped at the end of a step instead",
+                ex.rollout_model.engine_type,
+            )
+        self._paused = False
+        self._stale_dropped = 0  # carried tasks dropped for staleness since the last step
         self._writer = writer
         self._reader = taskset_reader
         self._eval_pool: tuple[int, RunnerPool, list[Any]] | None = None  # (runners, pool, wrappers)
@@ -253,16 +269,31 @@ class Explorer:
         except BufferExhausted as exc:
             logger.info("tasksets exhausted after step %d: %s", self.explore_step_num, exc)
             self.finished = True
+            if self.pool.carried:  # no later step to finish them in
+                logger.info("dropping %d carried partial rollouts at the end", len(self.pool.carried))
+                self.pool.drop_stale(self.model_version, -1)
+            self._resume_partial_rollouts()
             self.writer.finish()
             return None
         read_done = time.monotonic()
         step = self.explore_step_num + 1
         generated = self._generate_seconds()
+        partial: dict[str, float] = {}
+        if self.partial_rollout:
+            self._resume_partial_rollouts()
+            partial["rollout/partial_rollout/stale_dropped_tasks"] = float(self._stale_dropped)
+            self._stale_dropped = 0
         results = self.pool.run_tasks(
             tasks,
             min_finished=self.min_finished,
             wait_after_min=self.config.explorer.over_rollout.wait_after_min,
+            **({"carry": True, "version": self.model_version} if self.partial_rollout else {}),
         )
+        if self.pool.carried:
+            # The sync point: the carried tasks' samples stop where they are until resumed.
+            for engine in self.engines:
+                engine.pause_generation()
+            self._paused = True
         run_done = time.monotonic()
         cut = [r for r in results if r.cancelled]
         if cut:
@@ -274,6 +305,8 @@ class Explorer:
                 sum(r.partial for r in cut),
             )
         experiences = self._stamp(results, step)
+        if self.partial_rollout:
+            partial.update(self._partial_rollout_metrics(results, experiences))
         if experiences:
             self.writer.write(experiences)
         # Readers waiting for a full batch learn that this step will bring no more (tasks that
@@ -294,6 +327,7 @@ class Explorer:
             "timing/rollout": run_done - read_done,
             "timing/write_experiences": end - run_done,
             "timing/explore_step": end - start,
+            **partial,
         }
         if generated is not None:
             # The engines' share of the rollout (the rest: workflows, rewards, runner threads).
@@ -305,6 +339,48 @@ class Explorer:
         if report:
             metrics[FAILURES_KEY] = report  # a string: printed by the launcher, not plotted
         return metrics
+
+    def _resume_partial_rollouts(self) -> None:
+        """Resume the engines paused at the end of the last step (see the module docstring),
+        first dropping the carried tasks too stale for the weights loaded now."""
+        if not self._paused:
+            return
+        stale = self.pool.drop_stale(self.model_version, self.config.explorer.over_rollout.max_staleness)
+        if stale:
+            self._stale_dropped += len(stale)
+            logger.info(
+                "partial rollouts: dropped %d carried task(s) started under model version %s, more "
+                "than explorer.over_rollout.max_staleness=%d versions before %d",
+                len(stale),
+                sorted({c.started_version for c in stale}),
+                self.config.explorer.over_rollout.max_staleness,
+                self.model_version,
+            )
+        for engine in self.engines:
+            engine.resume_generation()
+        self._paused = False
+
+    def _partial_rollout_metrics(
+        self, results: list[TaskResult], experiences: list[Experience]
+    ) -> dict[str, float]:
+        """``rollout/partial_rollout/...``: tasks carried out of this step, carried tasks that
+        finished in it (``resumed_tasks``), and the lag of each response token written, in model
+        versions behind the current weights (mean, max)."""
+        version = self.model_version
+        lags: list[float] = []
+        for exp in experiences:
+            if exp.token_versions is not None:
+                lags.extend((version - exp.token_versions).tolist())
+            else:
+                lags.extend([0.0] * exp.response_length)
+        out = {
+            "rollout/partial_rollout/carried_tasks": float(len(self.pool.carried)),
+            "rollout/partial_rollout/resumed_tasks": float(sum(r.resumed for r in results)),
+        }
+        if lags:
+            out["rollout/partial_rollout/token_version_lag_mean"] = math.fsum(lags) / len(lags)
+            out["rollout/partial_rollout/token_version_lag_max"] = float(max(lags))
+        return out
 
     def _generate_seconds(self) -> float | None:
         """Seconds the rollout engines have spent generating so far; ``None`` when an engine
@@ -337,6 +413,8 @@ class Explorer:
         feedback(dict(observed))
 
     def _stamp(self, results: list[TaskResult], step: int | str) -> list[Experience]:
+        import torch
+
         version = self.model_version
         out = []
         for position, result in enumerate(results):
@@ -346,6 +424,11 @@ class Explorer:
                 # eid.task to a label (Trinity-RFT's trainable RULER: its judging turns, "-ruler").
                 label = exp.eid.task
                 exp.eid.task = f"{position}{label}" if isinstance(label, str) and label else position
+                if result.resumed and exp.token_versions is None:
+                    # Sampled before the sync point (say, an earlier turn): it keeps its version.
+                    exp.token_versions = torch.full(
+                        (exp.response_length,), exp.model_version, dtype=torch.long
+                    )
                 exp.model_version = version
                 exp.info.setdefault("taskset", result.task.taskset_name)
                 exp.info.setdefault("task_index", result.task.index)
@@ -358,6 +441,7 @@ class Explorer:
         """Run every eval taskset once; ``eval/<taskset>/...`` metrics. Nothing is written."""
         from trinity.buffer.taskset import TasksetReader
 
+        self._resume_partial_rollouts()  # eval calls would wait for paused engines
         metrics: dict[str, float] = {}
         for cfg in self.config.buffer.explorer_input.eval_tasksets:
             reader = TasksetReader(cfg, self.config.buffer)
@@ -465,6 +549,7 @@ class Explorer:
                 engine.update_weights(state_dict, version)
             else:
                 engine.load_checkpoint(str(checkpoint_path), version)
+        self._resume_partial_rollouts()  # carried tasks go on under the new weights
 
     # -- broadcast weight sync (sync_method nccl) ---------------------------------------------
 
@@ -495,6 +580,7 @@ class Explorer:
         self._on_every_engine(
             f"receiving weights version {version}", lambda i, engine: engine.receive_weights(metas, version)
         )
+        self._resume_partial_rollouts()
 
     def close_weight_group(self) -> None:
         for engine in self.engines:
@@ -517,6 +603,9 @@ class Explorer:
 
     def shutdown(self) -> None:
         """Stop OpenAI servers and engines."""
+        if self.pool.carried:
+            self.pool.drop_stale(self.model_version, -1)
+        self._resume_partial_rollouts()
         self._close_eval_pool()
         for model in [*self.models, *self.auxiliary_models]:
             model.close()

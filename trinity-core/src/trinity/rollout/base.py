@@ -50,6 +50,9 @@ logger = logging.getLogger(__name__)
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+#: ``info["finish_reason"]`` of a sample stopped at a sync point (``pause_generation``); the
+#: engine continues it from its tokens once resumed, so callers never see it in the end.
+FINISH_INTERRUPTED = "interrupted"
 #: ``info["truncate_status"]`` of the placeholder Experiences of a prompt over ``max_prompt_tokens``.
 PROMPT_TRUNCATED = "prompt_truncated"
 
@@ -194,6 +197,9 @@ class RolloutEngine(ABC):
     #: Whether :meth:`generate_tokens_stream` yields tokens as they are sampled (``False``: each
     #: sample whole, once finished).
     streams_tokens: bool = False
+    #: Whether :meth:`pause_generation` / :meth:`resume_generation` interrupt and resume samples
+    #: (partial rollouts, ``explorer.over_rollout.partial_rollout``).
+    supports_partial_rollout: bool = False
 
     def __init__(
         self,
@@ -543,6 +549,16 @@ class RolloutEngine(ABC):
         """Receive one broadcast of the trainer's weights (``metas`` in wire form), load them in
         place and set the version."""
         raise NotImplementedError(f"{type(self).__name__} cannot join a weight-sync group")
+
+    def pause_generation(self) -> None:
+        """A sync point (partial rollouts): samples being generated stop after their current
+        token and wait, keeping their tokens, until :meth:`resume_generation`; they then go on
+        from those tokens with the weights loaded by then. Engines with
+        ``supports_partial_rollout`` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot pause and resume its samples")
+
+    def resume_generation(self) -> None:  # noqa: B027 - nothing paused by default
+        """Let the samples :meth:`pause_generation` stopped go on (with the current weights)."""
 
     def close_weight_group(self) -> None:  # noqa: B027 - nothing to close by default
         """Leave the weight-sync group (a later stage builds a new one)."""

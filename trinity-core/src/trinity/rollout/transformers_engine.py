@@ -52,18 +52,29 @@ the same call without streaming samples. Closing its stream early cancels it: a 
 dropped, a running one's rows stop after the current step (the loop checks
 :meth:`StepRecorder.cancelled_rows` after each step; under ``generate`` a stopping criterion
 does), and nothing is returned.
+
+Partial rollouts (:meth:`TransformersEngine.pause_generation`, a sync point of
+``explorer.over_rollout.partial_rollout``): the rows of a running batch that nobody streams stop
+after the current step, keeping their tokens and logprobs; each such sample waits until
+:meth:`TransformersEngine.resume_generation` and then goes on from its prompt and those tokens
+(:meth:`TransformersEngine.continue_sample`) with the weights loaded by then, for the tokens its
+``max_tokens`` has left. The caller gets one Experience whose tokens keep the logprobs and the
+model version they were sampled with (``Experience.token_versions``). Calls that arrive while
+the engine is paused wait; streamed calls and calls with stop strings (transformers'
+``generate`` path) run to their end.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trinity.lazy import lazy_import
-from trinity.rollout.base import RolloutEngine, SamplingArgs
+from trinity.rollout.base import FINISH_INTERRUPTED, FINISH_STOP, RolloutEngine, SamplingArgs
 from trinity.rollout.sampling import RowSampler, StepRecorder, row_seeds
 from trinity.rollout.transformers_batching import BatchScheduler, CallCancelled, QueuedCall
 from trinity.rollout.transformers_generate import Generation
@@ -132,6 +143,7 @@ class TransformersEngine(BatchScheduler, Generation, WeightLoading, RolloutEngin
     """
 
     streams_tokens = True
+    supports_partial_rollout = True
 
     def __init__(
         self,
@@ -183,6 +195,12 @@ class TransformersEngine(BatchScheduler, Generation, WeightLoading, RolloutEngin
 
         self.model = self._on_compute_thread(load)
         self._init_scheduler(max_batch_size, batch_wait, batch_gap, seed)
+        # Partial rollouts: set while paused (running rows stop); ``_resumed`` is clear then.
+        self._interrupt = threading.Event()
+        self._resumed = threading.Event()
+        self._resumed.set()
+        #: Samples stopped at a sync point and continued after it, so far.
+        self.samples_resumed = 0
         #: Prefill each prompt once for its ``n`` samples (see :meth:`_prompt_cache`).
         self.share_prefill = True
         #: Sample with :func:`~trinity.rollout.decoding.decode_rows` (drops finished
@@ -205,6 +223,64 @@ class TransformersEngine(BatchScheduler, Generation, WeightLoading, RolloutEngin
         self.eos_token_ids = sorted(set(eos))
         self.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        )
+
+    # -- partial rollouts ------------------------------------------------------------------
+
+    def pause_generation(self) -> None:
+        self._resumed.clear()
+        self._interrupt.set()
+
+    def resume_generation(self) -> None:
+        self._interrupt.clear()  # first: continuations must not be stopped again at once
+        self._resumed.set()
+
+    def generate_tokens(self, prompts: list[list[int]], args: SamplingArgs) -> list[list[Any]]:
+        self._resumed.wait()  # nothing starts on weights that are about to be replaced
+        groups = super().generate_tokens(prompts, args)
+        for prompt, group in zip(prompts, groups):
+            for k, exp in enumerate(group):
+                while exp.info.get("finish_reason") == FINISH_INTERRUPTED:
+                    exp = self.continue_sample(prompt, exp, args)
+                group[k] = exp
+        return groups
+
+    def continue_sample(self, prompt: list[int], partial: Any, args: SamplingArgs) -> Any:
+        """``partial`` (a sample of ``prompt`` stopped at a sync point) continued from its tokens
+        once the engine is resumed, with the weights loaded then: one Experience with all its
+        tokens, each with the logprob and the model version (``token_versions``) it was sampled
+        with; it may itself be interrupted again (``finish_reason``)."""
+        import torch
+
+        from trinity.experience import Experience
+
+        done = partial.response_length
+        self._resumed.wait()
+        rest = dataclasses.replace(
+            args,
+            n=1,
+            max_tokens=args.max_tokens - done,
+            min_tokens=max(0, args.min_tokens - done),
+            # A seeded call stays reproducible: its continuation's seed follows from it.
+            seed=None if args.seed is None else (args.seed * 1_000_003 + done) % 2**62,
+        )
+        prefix = partial.tokens.tolist()
+        (tail,) = super().generate_tokens([prefix], rest)[0]
+        versions = partial.token_versions
+        if versions is None:
+            versions = torch.full((done,), partial.model_version, dtype=torch.long)
+        new = tail.response_length
+        ids = tail.tokens[len(prompt) :].tolist()
+        self.samples_resumed += 1
+        return Experience(
+            tokens=tail.tokens,
+            prompt_length=len(prompt),
+            logprobs=torch.cat([partial.logprobs, tail.logprobs]),
+            prompt_text=partial.prompt_text,
+            response_text=self._decode(ids[:-1] if tail.info.get("finish_reason") == FINISH_STOP else ids),
+            info={**tail.info, "resumed": partial.info.get("resumed", 0) + 1},
+            model_version=tail.model_version,
+            token_versions=torch.cat([versions, torch.full((new,), tail.model_version, dtype=torch.long)]),
         )
 
     # -- scoring ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from trinity.lazy import lazy_import
-from trinity.rollout.base import SamplingArgs, finish_point
+from trinity.rollout.base import FINISH_INTERRUPTED, FINISH_LENGTH, SamplingArgs, finish_point
 from trinity.rollout.decoding import RowsCannotBeDropped, decode_rows
 from trinity.rollout.lean_decoding import LeanDecoder, LogitsDiffer, NotCovered
 from trinity.rollout.sampling import RowSampler, StepRecorder, greedy
@@ -43,6 +43,7 @@ class Generation:
     share_prefill: bool
     own_loop: bool
     lean: LeanDecoder | None
+    _interrupt: Any  # threading.Event, set while generation is paused (partial rollouts)
 
     def _generate(
         self,
@@ -103,6 +104,20 @@ class Generation:
             if args.temperature != 0
             else None
         )
+        # Partial rollouts: once the engine is paused, the rows of calls nobody streams stop
+        # after the current step; ``interrupted_at`` is how many tokens each of them then has.
+        plain_rows = torch.tensor([call.sink is None for call, _ in owners for _ in range(args.n)])
+        interrupted_at: list[int] = []
+        none_stopped = torch.zeros_like(plain_rows)
+
+        def stopped() -> torch.Tensor:
+            rows = recorder.cancelled_rows() if recorder.streams else none_stopped
+            if self._interrupt.is_set():
+                if not interrupted_at:
+                    interrupted_at.append(recorder.steps)
+                rows = rows | plain_rows
+            return rows
+
         responses = None
         if self.own_loop and not args.stop:
             try:
@@ -116,7 +131,7 @@ class Generation:
                     record=recorder.record,
                     logprob_temperature=args.logprob_temperature,
                     min_tokens=args.min_tokens,
-                    cancelled=recorder.cancelled_rows if recorder.streams else None,
+                    cancelled=stopped,
                     pad_token_id=self.pad_token_id,
                     cache=cache,
                     lean=self.lean,
@@ -149,7 +164,11 @@ class Generation:
             for k in range(args.n):
                 seq = row * args.n + k
                 ids = responses[seq].tolist()
+                if interrupted_at and plain_rows[seq]:
+                    ids = ids[: interrupted_at[0]]  # what follows is padding, not samples
                 end, reason, text = finish_point(ids, eos, args.stop, self._decode)
+                if interrupted_at and plain_rows[seq] and reason == FINISH_LENGTH and end < args.max_tokens:
+                    reason = FINISH_INTERRUPTED
                 group.append(
                     Experience(
                         tokens=torch.tensor(prompt + ids[:end], dtype=torch.long),

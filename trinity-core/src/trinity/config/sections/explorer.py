@@ -190,7 +190,9 @@ class OverRolloutConfig(Section):
 
     Needs a dynamic ``synchronizer.sync_style`` (not ``fixed``). Tasks still unfinished when the
     step ends are dropped (cancelled, not carried into the next step) and counted as
-    ``rollout/over_rollout/dropped_tasks`` / ``partial_tasks``.
+    ``rollout/over_rollout/dropped_tasks`` / ``partial_tasks``; with ``partial_rollout`` the
+    started ones are carried into the next step instead and resume under the weights loaded by
+    then (AReaL's partial rollouts), each token keeping the model version it was sampled with.
     """
 
     ratio: float = F(
@@ -207,6 +209,19 @@ class OverRolloutConfig(Section):
         False,
         "Keep the completed runs of a task that is dropped, or whose attempt failed after some runs "
         "completed (instead of retrying it).",
+    )
+    partial_rollout: bool = F(
+        False,
+        "Partial rollouts (AReaL's): a task still running when the step ends is not dropped but "
+        "carried into the next step; the engines stop its samples at that sync point and go on from "
+        "their tokens with the new weights (transformers engine). Needs ratio > 0.",
+    )
+    max_staleness: int = F(
+        1,
+        "Partial rollouts: most model versions a carried task may lag behind the weights it would "
+        "resume under (AReaL's max_head_offpolicyness, Trinity-RFT's staleness_control "
+        "max_staleness); an older one is dropped and counted (rollout/partial_rollout/stale_dropped_tasks).",
+        ge=0,
     )
 
 
@@ -287,7 +302,8 @@ class ExplorerConfig(Section):
         None, "Database of the serve-mode history recorder. Has no effect in this version."
     )
     over_rollout: OverRolloutConfig = F(
-        default_factory=OverRolloutConfig, doc="Over-rollout settings. Has no effect in this version."
+        default_factory=OverRolloutConfig,
+        doc="Long-tail control: end explore steps early; drop or (partial_rollout) carry the rest.",
     )
     dynamic_timeout: DynamicTimeoutConfig = F(
         default_factory=DynamicTimeoutConfig, doc="Dynamic timeout. Has no effect in this version."
