@@ -84,6 +84,11 @@ class Experience:
     A multi-step (step-wise) episode is one Experience per model call, all with the same
     ``eid.batch`` / ``eid.task`` / ``eid.run`` and ``eid.step`` counting the turns: the trainer
     sees them as one trajectory (``trajectory_ids``) inside the task's group (``group_ids``).
+
+    A prompt with images (:mod:`trinity.multimodal`) carries the images' encoded bytes in
+    ``images`` and the image processor's output for them (``pixel_values``,
+    ``image_grid_thw``) in ``multi_modal_inputs``, which the trainer's forward pass takes as is:
+    both buffers keep them bit for bit.
     """
 
     tokens: torch.Tensor
@@ -105,12 +110,19 @@ class Experience:
     messages: list[dict[str, Any]] | None = None
     teacher_logprobs: torch.Tensor | None = None
     token_versions: torch.Tensor | None = None
+    multi_modal_inputs: dict[str, torch.Tensor] | None = None
+    images: list[bytes] | None = None
 
     def __post_init__(self) -> None:
         for name in _TENSOR_FIELDS:
             value = getattr(self, name)
             if value is not None and not isinstance(value, torch.Tensor):
                 setattr(self, name, torch.as_tensor(value))
+        if self.multi_modal_inputs is not None:
+            self.multi_modal_inputs = {
+                k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+                for k, v in self.multi_modal_inputs.items()
+            }
         # shape[0], not len(): Tensor.__len__ is a Python-level call, and the buffers build
         # tens of thousands of experiences per second.
         if self.prompt_length < 0 or self.prompt_length > self.tokens.shape[0]:
@@ -138,6 +150,8 @@ class Experience:
             value = getattr(self, f.name)
             if f.name in _TENSOR_FIELDS and value is not None:
                 value = value.detach().cpu().numpy()
+            elif f.name == "multi_modal_inputs" and value is not None:
+                value = {k: v.detach().cpu().numpy() for k, v in value.items()}
             elif f.name == "eid":
                 value = vars(value).copy()
             out[f.name] = value

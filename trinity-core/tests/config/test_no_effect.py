@@ -147,6 +147,7 @@ def test_set_keys_warn_and_defaults_do_not() -> None:
             "trainer": {"save_strategy": "unrestricted", "enable_preview": False},
             "model": {"model_path": "m", "tinker": {"enable": False, "rank": 8}, "repetition_penalty": 1.1},
             "synchronizer": {"sync_interval": 2, "trainer_sync_interval": 2},
+            # image_key is read (simple_mm_workflow): no warning
             "buffer": {"explorer_input": {"tasksets": [{"path": "t", "format": {"image_key": "img"}}]}},
             "data_processor": {"experience_pipeline": {"save_input": True}},
             "stages": [{"stage_name": "s", "explorer": {"concurrent_mode": "asynchronous"}}],
@@ -155,7 +156,6 @@ def test_set_keys_warn_and_defaults_do_not() -> None:
     keys = [key for key, _ in find_no_effect(config)]
     assert keys == [
         "model.repetition_penalty",
-        "buffer.explorer_input.tasksets[0].format.image_key",
         "explorer.rollout_model.enable_expert_parallel",
         "explorer.auxiliary_models[0].enable_multimodal",
         "explorer.max_inflight_batches",
@@ -246,7 +246,5 @@ def test_trinity_run_shows_the_warning_on_stderr(tmp_path: Path) -> None:
 
 def test_stage_prefix_and_wildcards_match() -> None:
     assert covered("stages[2].service.data_juicer.auto_start").key == "service.data_juicer"
-    assert (
-        covered("buffer.trainer_input.auxiliary_buffers[sft].format.video_key").key == "**.format.video_key"
-    )
+    assert covered("buffer.explorer_input.tasksets[0].task_selector.kwargs").key == "**.task_selector.kwargs"
     assert covered("explorer.max_timeout") is None

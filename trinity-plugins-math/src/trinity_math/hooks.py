@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from trinity import hookimpl
 from trinity.hookspecs import Register
-from trinity_math import bots, dapo, distill, reward_model, rewards, rubric, ruler, workflows
+from trinity_math import bots, dapo, distill, mm_workflow, reward_model, rewards, rubric, ruler, workflows
 
 WORKFLOWS = {
     "math_rm_workflow": reward_model.MathRMWorkflow,
@@ -22,6 +22,8 @@ WORKFLOWS = {
     "math_workflow": workflows.MathWorkflow,
     "async_math_workflow": workflows.AsyncMathWorkflow,
     "math_boxed_workflow": workflows.MathBoxedWorkflow,
+    "simple_mm_workflow": mm_workflow.SimpleMMWorkflow,
+    "async_simple_mm_workflow": mm_workflow.AsyncSimpleMMWorkflow,
     "on_policy_distill_workflow": distill.OnPolicyDistillWorkflow,
     "on_policy_distill_math_workflow": distill.OnPolicyDistillMathWorkflow,
     "math_ruler_workflow": ruler.MathRULERWorkflow,

@@ -1,12 +1,14 @@
 """File experience storage: JSON lines, for debugging and for ``explore`` mode output.
 
-One experience per line (``Experience.to_dict`` with tensors as lists), human-readable and easy
+One experience per line (``Experience.to_dict`` with tensors as lists, images' bytes as
+base64), human-readable and easy
 to load with ``datasets`` or pandas. Appends take an exclusive ``flock`` so several writer
 processes can share one file without interleaving lines.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -27,6 +29,8 @@ def experience_file(path: str, name: str = "experience") -> str:
 
 
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):  # an image's encoded bytes (Experience.images)
+        return base64.b64encode(value).decode("ascii")
     if hasattr(value, "tolist"):
         return value.tolist()
     if isinstance(value, dict):
@@ -45,7 +49,10 @@ def experience_from_json(line: str) -> Experience:
     """Inverse of :func:`experience_to_json` (tensors come back from lists)."""
     from trinity.experience import Experience
 
-    return Experience.from_dict(json.loads(line))
+    data = json.loads(line)
+    if data.get("images"):
+        data["images"] = [base64.b64decode(im) for im in data["images"]]
+    return Experience.from_dict(data)
 
 
 class FileWriter(WriterBase):

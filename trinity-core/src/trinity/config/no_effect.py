@@ -8,7 +8,7 @@ actually set (``model_fields_set``) to a value that would behave differently fro
 
 Patterns are dotted key paths. ``[*]`` stands for any list index or mapping key
 (``explorer.auxiliary_models[*].repetition_penalty``), a leading ``**.`` for any path
-(``**.format.image_key``); stage overrides (``stages[0].explorer.over_rollout``) match the
+(``**.format.tools_key``); stage overrides (``stages[0].explorer.over_rollout``) match the
 pattern without the ``stages[*].`` prefix. A pattern naming a section covers every key in it.
 
 Implementing a key means taking its entry off this list (and its "has no effect" from the
@@ -168,8 +168,6 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect("model.tinker", "training through Tinker is not implemented", _enabled),
     NoEffect("model.external_model", "an external API as rollout model is not implemented", _enabled),
     # buffer
-    NoEffect("**.format.image_key", "multi-modal data is not read"),
-    NoEffect("**.format.video_key", "multi-modal data is not read"),
     NoEffect("**.data_selector.feature_keys", _SELECTORS, _ignored_by_selector("feature_keys")),
     NoEffect("**.data_selector.kwargs", _SELECTORS, _ignored_by_selector("kwargs")),
     NoEffect("**.task_selector.feature_keys", _SELECTORS, _ignored_by_selector("feature_keys")),

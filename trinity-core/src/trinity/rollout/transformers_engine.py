@@ -78,6 +78,7 @@ from trinity.rollout.base import FINISH_INTERRUPTED, FINISH_STOP, RolloutEngine,
 from trinity.rollout.sampling import RowSampler, StepRecorder, row_seeds
 from trinity.rollout.transformers_batching import BatchScheduler, CallCancelled, QueuedCall
 from trinity.rollout.transformers_generate import Generation
+from trinity.rollout.transformers_mm import MultiModalChat
 from trinity.rollout.transformers_weights import WeightLoading
 from trinity.sync.broadcast import WeightReceiver
 
@@ -123,7 +124,7 @@ def _compute_thread(device: str) -> tuple[concurrent.futures.ThreadPoolExecutor,
         return _COMPUTE_THREADS[device]
 
 
-class TransformersEngine(BatchScheduler, Generation, WeightLoading, RolloutEngine):
+class TransformersEngine(MultiModalChat, BatchScheduler, Generation, WeightLoading, RolloutEngine):
     """Rollouts with a local ``transformers`` model; streams tokens as they are sampled.
 
     Args:
@@ -164,7 +165,9 @@ class TransformersEngine(BatchScheduler, Generation, WeightLoading, RolloutEngin
         trust_remote_code: bool = False,
         lean_decoding: bool = True,
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from trinity.multimodal import auto_model_class
 
         tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         super().__init__(
@@ -176,6 +179,7 @@ class TransformersEngine(BatchScheduler, Generation, WeightLoading, RolloutEngin
             max_model_len=max_model_len,
             enable_prompt_truncation=enable_prompt_truncation,
         )
+        self.model_path = model_path
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = resolve_dtype(dtype, self.device)
         # The engine's torch work (loading, generating, scoring, weight updates) runs on one
@@ -188,7 +192,10 @@ class TransformersEngine(BatchScheduler, Generation, WeightLoading, RolloutEngin
         self._compute_thread, self._compute_ident = _compute_thread(self.device)
 
         def load() -> Any:
-            model = AutoModelForCausalLM.from_pretrained(
+            # Vision-language checkpoints (Qwen2-VL) load with AutoModelForImageTextToText; chats
+            # with images go through MultiModalChat (see trinity.rollout.transformers_mm).
+            model_class = auto_model_class(model_path, trust_remote_code)
+            model = model_class.from_pretrained(
                 model_path, dtype=self.dtype, trust_remote_code=trust_remote_code
             ).to(self.device)
             return model.eval()

@@ -151,3 +151,118 @@ def create_tiny_model(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+# -- a tiny vision-language model ----------------------------------------------------------------
+
+#: Qwen-VL's image placeholder tokens, added to the tiny tokenizer after the text ones.
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+# ChatML with Qwen-VL's image items: a message's content is a string or a list of
+# {"type": "text", "text": ...} / {"type": "image", ...} items; each image is written as
+# <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad to one token per
+# merged patch). Assistant turns carry {% generation %} markers as in CHAT_TEMPLATE.
+VLM_CHAT_TEMPLATE = (
+    "{%- macro render(content) -%}"
+    "{%- if content is string -%}{{ content }}"
+    "{%- else -%}{%- for item in content -%}"
+    "{%- if item['type'] == 'image' or item['type'] == 'image_url' -%}"
+    "{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif item['type'] == 'video' -%}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- else -%}{{ item['text'] }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{ '<|im_start|>assistant\n' }}"
+    "{%- generation -%}{{ render(message['content']) }}{{ '<|im_end|>' }}{%- endgeneration -%}"
+    "{{ '\n' }}"
+    "{%- else -%}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}{{ render(message['content']) }}{{ '<|im_end|>\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
+)
+
+
+def create_tiny_vlm(
+    path: str | Path,
+    *,
+    vocab_chars: str | None = None,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    vision_dim: int = 32,
+    min_pixels: int = 28 * 28 * 4,
+    max_pixels: int = 28 * 28 * 16,
+    seed: int = 0,
+) -> Path:
+    """Save a seeded, randomly initialised Qwen2-VL model, its tokenizer and image processor.
+
+    Built like :func:`create_tiny_model` (character tokenizer, nothing downloaded), plus Qwen-VL's
+    vision tokens, a one-layer vision tower of width ``vision_dim`` (14-pixel patches merged 2x2)
+    and a ``Qwen2VLImageProcessor`` that resizes every image to between ``min_pixels`` and
+    ``max_pixels`` pixels (the defaults give 1 to 4 image tokens per image). The folder loads with
+    ``AutoModelForImageTextToText``, ``AutoTokenizer`` and ``AutoImageProcessor`` like a real
+    Qwen2-VL checkpoint, and :class:`trinity.multimodal.MultiModalProcessor` reads it. The same
+    arguments always give the same weights. Returns ``path`` as a :class:`Path`.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    if hidden_size % num_heads or (hidden_size // num_heads) % 2:
+        raise ValueError(f"hidden_size ({hidden_size}) / num_heads ({num_heads}) must be an even integer")
+    tokenizer = build_tokenizer(vocab_chars)
+    tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, IM_END, *VISION_TOKENS]})
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in VISION_TOKENS}
+    eos_ids = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.eos_token_id]
+    # M-RoPE splits each head's rotary half-dimension over (time, height, width).
+    half = hidden_size // num_heads // 2
+    mrope = [half - 2 * (half // 3), half // 3, half // 3]
+    config = Qwen2VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": hidden_size,
+            "intermediate_size": hidden_size * 2,
+            "num_hidden_layers": num_layers,
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": max(1, num_heads // 2),
+            "max_position_embeddings": 4096,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope},
+            "tie_word_embeddings": True,
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": None,
+            "eos_token_id": eos_ids,
+            "initializer_range": 0.2,  # as create_tiny_model: a peakier next-token distribution
+        },
+        vision_config={
+            "depth": 1,
+            "embed_dim": vision_dim,
+            "hidden_size": hidden_size,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2VLForConditionalGeneration(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id, do_sample=True
+    )
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(out)
+    return out

@@ -62,6 +62,9 @@ class TrainBatch(Mapping[str, Any]):
     # (B, T) float: only when every experience has them; after the KL penalty, the penalised rewards
     token_level_rewards: torch.Tensor | None = None
     teacher_logprobs: torch.Tensor | None = None  # (B, T) float: only when every experience has them
+    # one per row: the experience's pixel inputs (pixel_values, image_grid_thw), None for rows
+    # without images; only when some experience has images (see trinity.multimodal)
+    multi_modal_inputs: list[dict[str, torch.Tensor] | None] | None = None
     # -- added by the step
     ref_logprob: torch.Tensor | None = None  # (B, T) reference model
     values: torch.Tensor | None = None  # (B, T) critic
@@ -174,7 +177,8 @@ def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> TrainBa
     one), ``teacher_logprobs (B, T)`` (likewise), ``group_ids (B,)`` (task), ``trajectory_ids (B,)``
     (episode: task and run) and ``step_ids (B,)`` (turn), ``expert_mask (B,)`` (from ``info["is_expert"]``),
     ``model_versions (B,)``, ``info`` (one dict per row), ``prompt_length`` ``P`` and
-    ``response_length`` ``T`` (ints).
+    ``response_length`` ``T`` (ints), and ``multi_modal_inputs`` (one dict or ``None`` per row)
+    when some experience has images.
     """
     if not experiences:
         raise ValueError("cannot build a training batch from an empty list of experiences")
@@ -240,6 +244,9 @@ def build_batch(experiences: list[Experience], pad_token_id: int = 0) -> TrainBa
         response_length=response_len,
         token_level_rewards=token_level_rewards,
         teacher_logprobs=teacher_logprobs,
+        multi_modal_inputs=[e.multi_modal_inputs for e in row_exps]
+        if any(e.multi_modal_inputs for e in row_exps)
+        else None,
     )
 
 

@@ -71,7 +71,9 @@ class NativeTrainer:
     """
 
     def __init__(self, config: Config, *, device: str | None = None, total_steps: int | None = None) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from trinity.multimodal import auto_model_class
 
         self.config = config
         t, algo = config.trainer, config.algorithm
@@ -96,7 +98,9 @@ class NativeTrainer:
         # Parameters stay float32 (the optimizer's master copy); bf16 comes from autocast. With
         # LoRA the frozen base needs no master copy: it is kept in the compute dtype, the
         # adapter in float32 (PEFT's default).
-        self.model = AutoModelForCausalLM.from_pretrained(
+        # Vision-language checkpoints (Qwen2-VL) load with AutoModelForImageTextToText.
+        self.model_class = auto_model_class(model_path, trust)
+        self.model = self.model_class.from_pretrained(
             model_path,
             dtype=self.compute_dtype if self.lora else torch.float32,
             trust_remote_code=trust,
@@ -119,7 +123,7 @@ class NativeTrainer:
                 self.model.enable_input_require_grads()
         self.ref_model = None
         if self.use_ref and not self.lora:  # with LoRA: the same model with the adapter off
-            self.ref_model = AutoModelForCausalLM.from_pretrained(
+            self.ref_model = self.model_class.from_pretrained(
                 model_path, dtype=self.compute_dtype, trust_remote_code=trust
             )
             self.ref_model.to(self.device).eval().requires_grad_(False)
@@ -388,8 +392,6 @@ class NativeTrainer:
         checkpoint of the job); returns the saved ``extra_state``, or ``None`` if there is none."""
         import os
 
-        from transformers import AutoModelForCausalLM
-
         if path is None:
             found = ckpt.find_latest_checkpoint(self.config.job_dir)
             if found is None:
@@ -400,7 +402,7 @@ class NativeTrainer:
         if self.lora:
             lora_mod.load_adapter(self.model, path)
         else:
-            loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            loaded = self.model_class.from_pretrained(path, dtype=torch.float32)
             self.model.load_state_dict(loaded.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -50,6 +50,8 @@ def prompt_index(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor] 
     two rows per distinct prompt on average, or the batch's layout is not the plain one (2-D
     positions, at least one prompt column and two response columns)."""
     p = int(batch.get("prompt_length", 0))
+    if batch.get("multi_modal_inputs") is not None:  # the image rows' pixels differ per row
+        return None
     ids, mask, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
     width = batch["response_mask"].shape[-1]
     if p < 1 or width < 2 or pos.dim() != 2 or ids.shape[1] != p + width:
@@ -72,14 +74,26 @@ def prompt_index(batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor] 
 
 
 def full_logits(model: Any, batch: Mapping[str, Any]) -> torch.Tensor:
-    """Logits ``(B, T, V)`` predicting each response token, from one pass over whole rows."""
+    """Logits ``(B, T, V)`` predicting each response token, from one pass over whole rows.
+
+    Rows with images (``multi_modal_inputs``) pass their pixel inputs, and the model computes its
+    own (multimodal rotary) positions from the tokens and the attention mask.
+    """
     width = batch["response_mask"].shape[-1]
+    extra: dict[str, Any] = {"position_ids": batch["position_ids"]}
+    if batch.get("multi_modal_inputs") is not None:
+        from trinity.multimodal import concat_mm_inputs, mm_token_type_ids
+
+        config = getattr(model, "config", None)
+        extra = dict(concat_mm_inputs(batch["multi_modal_inputs"]))
+        extra = {k: v.to(batch["input_ids"].device) for k, v in extra.items()}
+        extra["mm_token_type_ids"] = mm_token_type_ids(batch["input_ids"], config)
     out = model(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
         use_cache=False,
         logits_to_keep=width + 1,
+        **extra,
     )
     return out.logits[:, :-1, :]
 
