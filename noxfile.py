@@ -42,11 +42,12 @@ PACKAGES = [
 # Extras a distribution's own tests exercise: the core's optional features (Data-Juicer
 # operator, the PostgreSQL driver for the SQL buffer's tests on a server named
 # by TRINITY_TEST_POSTGRES_URL; test tools and monitors are in `dev`), AgentScope (ReAct
-# workflows) and ALFWorld (its text games; builds fast-downward and jericho from source, ~14
-# minutes on a fresh machine). Only the sessions that run those tests install them.
+# workflows), ALFWorld (its text games; builds fast-downward and jericho from source, ~14
+# minutes on a fresh machine) and ScienceWorld (a 7 MB wheel; its simulator needs Java, which
+# .ci/run installs). Only the sessions that run those tests install them.
 TEST_EXTRAS = {
     "trinity-core": "dev,data-juicer,postgres,lora",
-    "trinity-plugins-agents": "agentscope,alfworld",
+    "trinity-plugins-agents": "agentscope,alfworld,sciworld",
 }
 # The other first-party distributions a distribution's tests use: almost every test that
 # trains needs an algorithm (trinity-plugins-algos); the core's plugin tests list the math and

@@ -26,6 +26,7 @@ WORKFLOWS = sorted(
         "examples.agentscope_frozenlake.workflow.FrozenLakeWorkflow",
         "email_search_workflow",
         "agentscope_v1_react_search_workflow",
+        "sciworld_workflow",
     ]
 )
 

@@ -12,6 +12,8 @@ Public API (imported lazily, so ``import trinity_agents`` stays cheap):
   (``step_wise_alfworld_workflow``) (:mod:`trinity_agents.alfworld`; extra ``alfworld``).
 - :class:`RAFTAlfworldWorkflow` (``RAFT_alfworld_workflow``), :class:`RAFTReflectAlfworldWorkflow`
   (``RAFT_reflect_alfworld_workflow``): RAFT data from ALFWorld games (:mod:`trinity_agents.raft_alfworld`).
+- :class:`SciWorldWorkflow` (``sciworld_workflow``) on ScienceWorld's simulator and
+  :func:`write_sciworld_data`, its task rows (:mod:`trinity_agents.sciworld`; extra ``sciworld``).
 - :class:`AgentScopeReActWorkflow` (``agentscope_react_workflow``) and its math variants,
   :class:`AgentScopeFrozenLakeWorkflow` (``agentscope_frozen_lake_workflow``)
   (:mod:`trinity_agents.agentscope_react`, :mod:`trinity_agents.agentscope_frozen_lake`;
@@ -44,6 +46,8 @@ _EXPORTS = {
     "StepWiseAlfworldWorkflow": "trinity_agents.alfworld",
     "RAFTAlfworldWorkflow": "trinity_agents.raft_alfworld",
     "RAFTReflectAlfworldWorkflow": "trinity_agents.raft_alfworld",
+    "SciWorldWorkflow": "trinity_agents.sciworld",
+    "write_sciworld_data": "trinity_agents.sciworld",
     "AgentScopeReActWorkflow": "trinity_agents.agentscope_react",
     "AgentScopeReactMathWorkflow": "trinity_agents.agentscope_react",
     "AgentScopeV0ReactMathWorkflow": "trinity_agents.agentscope_react",

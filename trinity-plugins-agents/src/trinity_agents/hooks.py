@@ -43,6 +43,10 @@ def register_workflows(register):
 
     register("RAFT_alfworld_workflow", RAFTAlfworldWorkflow)
     register("RAFT_reflect_alfworld_workflow", RAFTReflectAlfworldWorkflow)
+    # ScienceWorld: scienceworld (extra `sciworld`, a Java simulator) is imported only when a task starts.
+    from trinity_agents.sciworld import SciWorldWorkflow
+
+    register("sciworld_workflow", SciWorldWorkflow)
     # Email search over an SQLite mailbox (AgentScope, extra `agentscope`, imported when it runs).
     from trinity_agents.email_search import EmailSearchWorkflow
 

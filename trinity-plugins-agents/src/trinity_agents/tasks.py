@@ -3,6 +3,7 @@
     python -m trinity_agents.tasks toolcall OUT_DIR [--train N] [--test N] [--seed S]
     python -m trinity_agents.tasks frozen_lake OUT_DIR [--train N] [--test N] [--map-max-size M] [--seed S]
     python -m trinity_agents.tasks email_search OUT_DIR [--train N] [--test N] [--seed S]
+    python -m trinity_agents.tasks sciworld OUT_DIR [--percentage P] [--jar-path JAR] [--seed S]
 
 Each writes ``OUT_DIR/train.jsonl`` and ``OUT_DIR/test.jsonl``.
 
@@ -17,6 +18,9 @@ Each writes ``OUT_DIR/train.jsonl`` and ``OUT_DIR/test.jsonl``.
   database schema, SQLite FTS5), and question rows in Trinity-RFT's format about facts in it
   (:mod:`trinity_agents.email_inbox`); ``email_search_workflow`` reads the database from
   ``DEFAULT_EMAIL_DB_PATH`` or ``workflow_args.db_path``.
+- ``sciworld``: Trinity-RFT's ScienceWorld rows (task name and variation), the first ``P`` (0.5)
+  of each task's variations, its 17 training tasks in ``train`` and the others in ``test``, read
+  from the simulator (:func:`trinity_agents.sciworld.write_sciworld_data`; extra ``sciworld``).
 """
 
 from __future__ import annotations
@@ -228,8 +232,20 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--seed", type=int, default=0)
         if kind == "frozen_lake":
             p.add_argument("--map-max-size", type=int, default=6)
+    p = sub.add_parser("sciworld")
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--percentage", type=float, default=0.5, help="share of each task's variations")
+    p.add_argument("--jar-path", default=None, help="default: the installed scienceworld package's jar")
+    p.add_argument("--seed", type=int, default=42)
     args = parser.parse_args(argv)
-    if args.kind == "email_search":
+    if args.kind == "sciworld":
+        from trinity_agents.sciworld import write_sciworld_data
+
+        counts = write_sciworld_data(
+            args.out_dir, percentage=args.percentage, jar_path=args.jar_path, seed=args.seed
+        )
+        print(f"wrote {counts['train']} train and {counts['test']} test tasks to {args.out_dir}")
+    elif args.kind == "email_search":
         from trinity_agents.email_inbox import write_email_search
 
         db, emails = write_email_search(args.out_dir, args.train, args.test, args.seed)
