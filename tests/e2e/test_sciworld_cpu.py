@@ -26,11 +26,18 @@ BATCH, REPEAT, TURNS = 2, 2, 1
 
 
 def _simulators_started_since(start: float) -> list[int]:
+    """Simulator VMs started since ``start`` that no test process holds (a test module on another
+    pytest-xdist worker may run its own meanwhile): one the job left behind."""
     found = []
     for proc in psutil.process_iter(["cmdline", "create_time"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         if "scienceworld" in cmdline and "java" in cmdline and (proc.info["create_time"] or 0) >= start:
-            found.append(proc.pid)
+            try:
+                parent = " ".join(proc.parent().cmdline()) if proc.parent() else ""
+            except psutil.Error:
+                parent = ""
+            if "pytest" not in parent:
+                found.append(proc.pid)
     return found
 
 
