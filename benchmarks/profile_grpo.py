@@ -47,9 +47,9 @@ buffer:
   trainer_input: {{experience_buffer: {{name: experiences, storage_type: queue}}}}
 explorer:
   runner_per_model: 16
-  rollout_model: {{engine_type: transformers, dtype: float32, seed: 0}}
+  rollout_model: {{engine_type: transformers, dtype: {dtype}, seed: 0}}
 synchronizer: {{sync_method: memory, sync_interval: 1, sync_offset: 0}}
-trainer: {{trainer_type: native, save_interval: 0, dtype: float32, seed: 0, max_token_len_per_gpu: 16384}}
+trainer: {{trainer_type: native, save_interval: 0, dtype: {dtype}, seed: 0, max_token_len_per_gpu: 16384}}
 monitor: {{monitor_type: tensorboard}}
 """
 
@@ -88,6 +88,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--work-dir", default="/tmp/trinity-profile")
+    parser.add_argument(
+        "--dtype", default="float32", help="engine and trainer dtype (float32, bfloat16, auto)"
+    )
     args = parser.parse_args()
     root = Path(args.work_dir)
     shutil.rmtree(root, ignore_errors=True)
@@ -102,7 +105,7 @@ def main() -> None:
         for p in arithmetic_problems(16 * args.steps, terms=3, seed=1)
     ]
     (root / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "job.yaml").write_text(CONFIG.format(root=root, steps=args.steps))
+    (root / "job.yaml").write_text(CONFIG.format(root=root, steps=args.steps, dtype=args.dtype))
 
     start = time.time()
     cli = [sys.executable, "-m", "trinity.cli", "run", "--config", str(root / "job.yaml")]

@@ -1,29 +1,39 @@
-"""The quickstart's GRPO stage against TRL's ``GRPOTrainer``: time per step and held-out accuracy.
+"""The quickstart's GRPO stage against TRL's ``GRPOTrainer``: time per step, quiet and under load,
+and time to held-out accuracy, each as a ratio with a 95% interval.
 
-    python benchmarks/vs_trl.py [--steps 120] [--eval-every 10] [--repeats 4] [--threads N]
-                                [--trinity-threads 0]
+    python benchmarks/vs_trl.py [--steps 120] [--repeats 8] [--load-repeats 2] [--load-steps 30]
+                                [--heldout 300] [--kl k3] [--threads N] [--trinity-threads 0]
     python benchmarks/vs_trl.py --quick        # smoke run: SFT 60 steps, GRPO 4, evaluated every 2
     nox -s bench_trl -- --quick                # the same in a venv with TRL installed
 
 1. Builds the quickstart's SFT checkpoint once (``examples/quickstart/run.py``'s data and tiny
-   model, then ``trinity run`` on a copy of ``quickstart.yaml`` holding only its ``sft_warmup``
-   stage) under ``--work-dir``; later runs reuse it.
+   model, with ``--heldout`` of the 1,000 problems held out instead of the quickstart's 100 for
+   a finer accuracy estimate; then ``trinity run`` on a copy of ``quickstart.yaml`` holding only
+   its ``sft_warmup`` stage) under ``--work-dir``; later runs reuse it.
 2. Trains from that checkpoint with the quickstart's ``grpo`` stage (``trinity run`` in a
    subprocess: the path a user runs, Ray and both actors included) and with TRL's
    ``GRPOTrainer`` (in a subprocess of this script) with the settings matched one by one
-   (printed). TRL sees the prompts in the order Trinity's ``shuffle`` selector reads them.
+   (printed), the KL estimator included (``--kl k3``, TRL's; ``--kl k2`` benchmarks the
+   quickstart's own). TRL sees the prompts in the order Trinity's ``shuffle`` selector reads them.
 3. Interleaves the two: repeat ``r`` runs Trinity then TRL when ``r`` is even, TRL then Trinity
    when odd, so drift in machine load hits both alike. Repeat ``r`` seeds both sides with
    ``r`` (sampling and training; the data order stays the quickstart's), so the mean accuracy
    averages sampling luck too. Each side runs as its user runs it: TRL with every core,
    Trinity with its own split of the cores (``--trinity-threads`` forces a thread count).
-4. Evaluates both with one evaluator, in this process, after training: every ``--eval-every``
-   steps' weights generate greedily for the 100 held-out problems (one batched ``generate``)
-   and ``math_reward`` scores the answers.
-5. Prints ratios (TRL / Trinity): median step time after warm-up, and wall time to the best
-   held-out accuracy both reach; the accuracy at each evaluated step; start-up times on their
-   own lines (Ray start-up and actor creation are not in the step times); the settings, and the
-   settings that could not be matched and why. ``<work-dir>/results.json`` holds it all.
+4. Then ``--load-repeats`` shorter pairs of runs under a controlled background load: one
+   CPU-bound process per core, started before each run and killed after it (``_stats.cpu_load``),
+   at this script's priority, as other work on a user's machine would be.
+5. Evaluates the quiet runs with one evaluator, in this process, after training: every
+   ``--eval-every`` steps' weights generate greedily for the held-out problems (one batched
+   ``generate``) and ``math_reward`` scores the answers.
+6. Prints ratios TRL / Trinity with 95% bootstrap intervals: the median step time after
+   warm-up, quiet and under load (repeats, then steps within a run, drawn with replacement), and
+   the train wall time to a held-out accuracy (the SFT checkpoint's plus ``--tta-fraction`` of
+   the smaller side's peak gain; seeds drawn with replacement; resamples where a side never
+   reaches it are counted); the accuracy at each
+   evaluated step; start-up times on their own lines (Ray start-up and actor creation are not in
+   the step times); the settings, and the settings that could not be matched and why.
+   ``<work-dir>/results.json`` holds it all.
 
 Step times are wall-clock between the ends of consecutive training steps, so each includes the
 step's generation, reference and policy passes, the optimizer step and (Trinity) the weight
@@ -34,10 +44,12 @@ Everything is local: the data and the model are generated, nothing is downloaded
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -45,6 +57,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _stats import bootstrap, cpu_load, interval  # benchmarks/_stats.py, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart"
@@ -146,9 +160,14 @@ def run_logged(command: list[str], env: dict[str, str], log: Path, what: str) ->
         sys.exit(f"{what} failed (exit {code}); last lines of {log}:\n{tail}")
 
 
-def build_sft(work: Path, sft_steps: int, threads: int) -> Path:
-    """The quickstart's data, model and SFT checkpoint in ``work/quickstart-sft<steps>``, made once."""
-    qdir = work / f"quickstart-sft{sft_steps}"
+def quickstart_dir(work: Path, sft_steps: int, heldout: int) -> Path:
+    """Where the data, model and SFT checkpoint of these settings live (made once, reused)."""
+    return work / f"quickstart-sft{sft_steps}-heldout{heldout}"
+
+
+def build_sft(work: Path, sft_steps: int, threads: int, heldout: int) -> Path:
+    """The quickstart's data (``heldout`` problems held out), model and SFT checkpoint, made once."""
+    qdir = quickstart_dir(work, sft_steps, heldout)
     config = quickstart_yaml()
     (sft_stage,) = [s for s in config["stages"] if s["stage_name"] == "sft_warmup"]
     sft_stage = copy.deepcopy(sft_stage)
@@ -160,7 +179,7 @@ def build_sft(work: Path, sft_steps: int, threads: int) -> Path:
         if found is not None:
             print(f"[vs_trl] reusing the SFT checkpoint {found}", flush=True)
             return found
-    quickstart_module().prepare(qdir)  # recreates qdir: data/ and model/
+    quickstart_module().prepare(qdir, test_problems=heldout)  # recreates qdir: data/ and model/
     path = write_yaml(qdir / "sft.yaml", config)
     print(f"[vs_trl] SFT warm-up ({sft_steps} steps): trinity run --config {path}", flush=True)
     start = time.monotonic()
@@ -179,14 +198,22 @@ def build_sft(work: Path, sft_steps: int, threads: int) -> Path:
 
 
 def grpo_config(
-    sft: Path, work: Path, name: str, steps: int, eval_every: int, seed: int = SEED, sync_offset: int = 0
+    sft: Path,
+    work: Path,
+    name: str,
+    steps: int,
+    eval_every: int,
+    seed: int = SEED,
+    sync_offset: int = 0,
+    kl: str = "k3",
 ) -> dict[str, Any]:
     """quickstart.yaml's top level with its ``grpo`` stage applied, starting from ``sft``.
 
     Changed: the steps, the folders, weights saved every ``eval_every`` steps for the shared
     evaluator instead of Trinity's own evaluation (which would run inside the timed steps), the
     sampling and training ``seed`` (each repeat its own; the data order stays the quickstart's),
-    and ``synchronizer.sync_offset`` when ``--trinity-sync-offset`` asks for another."""
+    ``synchronizer.sync_offset`` when ``--trinity-sync-offset`` asks for another, and the KL
+    estimator (``--kl``: k3 by default, TRL's; the quickstart ships grpo's k2)."""
     config = quickstart_yaml()
     (stage,) = [s for s in config.pop("stages") if s["stage_name"] == "grpo"]
     config["mode"] = stage["mode"]
@@ -201,6 +228,8 @@ def grpo_config(
     config["explorer"]["rollout_model"]["seed"] = seed
     if sync_offset:
         config["synchronizer"]["sync_offset"] = sync_offset
+    if kl != "k2":  # grpo's default is k2 (upstream's); the same coefficient either way
+        config["algorithm"]["kl_loss_fn"] = kl
     return config
 
 
@@ -213,11 +242,15 @@ def event_times(folder: Path, tag: str) -> list[tuple[int, float, float]]:
     return [(e.step, e.wall_time, e.value) for e in events.Scalars(tag)]
 
 
-def run_trinity(sft: Path, qdir: Path, work: Path, repeat: int, args: argparse.Namespace) -> dict[str, Any]:
-    name = f"grpo-r{repeat}"
+def run_trinity(
+    sft: Path, qdir: Path, work: Path, repeat: int, args: argparse.Namespace, steps: int, tag: str = ""
+) -> dict[str, Any]:
+    name = f"grpo{tag}-r{repeat}"
     config_path = write_yaml(
         work / f"trinity-{name}.yaml",
-        grpo_config(sft, work, name, args.steps, args.eval_every, SEED + repeat, args.trinity_sync_offset),
+        grpo_config(
+            sft, work, name, steps, args.eval_every, SEED + repeat, args.trinity_sync_offset, args.kl
+        ),
     )
     env = trinity_env(qdir, args.trinity_threads)
     job = job_dir(config_path, env)
@@ -377,14 +410,16 @@ def trl_worker(spec_path: Path) -> None:
     (out / "result.json").write_text(json.dumps(result))
 
 
-def run_trl(sft: Path, qdir: Path, work: Path, repeat: int, args: argparse.Namespace) -> dict[str, Any]:
-    out = work / "trl" / f"grpo-r{repeat}"
+def run_trl(
+    sft: Path, qdir: Path, work: Path, repeat: int, args: argparse.Namespace, steps: int, tag: str = ""
+) -> dict[str, Any]:
+    out = work / "trl" / f"grpo{tag}-r{repeat}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     spec = {
         "model": str(sft),
         "train": str(qdir / "data" / "rl" / "train.jsonl"),
-        "steps": args.steps,
+        "steps": steps,
         "eval_every": args.eval_every,
         "threads": args.threads,
         "seed": SEED + repeat,
@@ -451,7 +486,7 @@ SETTINGS = [
     ),
     (
         "train prompts",
-        "data/rl (600), shuffle selector seed 0",
+        "data/rl (the train problems without a worked SFT solution), shuffle selector seed 0",
         "the same rows in the same order, shuffle_dataset=False",
     ),
     (
@@ -478,11 +513,6 @@ SETTINGS = [
     ),
     ("grad clip", f"{GRAD_CLIP}", f"max_grad_norm {GRAD_CLIP}"),
     ("clip epsilon", f"ppo clip_range {CLIP_EPSILON}", f"epsilon {CLIP_EPSILON}"),
-    (
-        "KL coefficient",
-        f"kl_loss kl_coef {KL_COEF} (k2), reference = SFT model",
-        f"beta {KL_COEF} (k3), reference = SFT model",
-    ),
     (
         "loss aggregation",
         "token-mean over the step's batch",
@@ -514,13 +544,25 @@ SETTINGS = [
     ("seed", f"{SEED} + repeat (trainer.seed, rollout_model.seed)", f"{SEED} + repeat (seed)"),
 ]
 
+
+def settings(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """:data:`SETTINGS` and the rows that depend on the options (KL estimator, held-out size)."""
+    return [
+        *SETTINGS,
+        (
+            "KL",
+            f"kl_loss_fn {args.kl}, kl_coef {KL_COEF}, reference = SFT model",
+            f"beta {KL_COEF} (k3, hard-coded), reference = SFT model",
+        ),
+        (
+            "held-out problems",
+            f"{args.heldout} of the 1,000 (the quickstart holds out 100; its first 100 are the same)",
+            "the same",
+        ),
+    ]
+
+
 UNMATCHED = [
-    (
-        "KL estimator",
-        "Trinity's grpo uses kl_loss_fn k2 (0.5 * log-ratio^2); TRL's GRPOTrainer hard-codes k3 "
-        "(exp(ref - logp) - (ref - logp) - 1). Same coefficient and aggregation. Matching would mean "
-        "changing the quickstart's kl_loss_fn, i.e. not benchmarking the quickstart.",
-    ),
     (
         "advantage epsilon",
         "Trinity divides by group std + 1e-6 (configurable), TRL by std + 1e-4 (hard-coded). With 0/1 "
@@ -595,28 +637,108 @@ def paired_ratios(step_seconds: dict[str, list[list[float]]], warmup: int) -> li
     ]
 
 
-def time_to_accuracy(
-    curves: dict[str, dict[int, float]], times: dict[str, dict[int, float]]
+def step_ratio(
+    step_seconds: dict[str, list[list[float]]], warmup: int, resamples: int = 2000
 ) -> dict[str, Any]:
-    """Wall time (train steps only) for each side to first reach the best accuracy both reach."""
-    target = min(max(c.values()) for c in curves.values())
-    start_acc = {name: c[min(c)] for name, c in curves.items()}
-    if all(target <= acc for acc in start_acc.values()):
-        return {"target": target, "note": "neither improved on the SFT checkpoint's accuracy"}
-    reached = {}
-    for name, curve in curves.items():
-        step = min(s for s, acc in curve.items() if acc >= target)
-        reached[name] = {"step": step, "seconds": times[name][step]}
-    ratio = (
-        reached["trl"]["seconds"] / reached["trinity"]["seconds"] if reached["trinity"]["seconds"] else None
-    )
-    return {"target": target, "reached": reached, "ratio_trl_over_trinity": ratio}
+    """TRL / Trinity median step time, with a 95% bootstrap interval.
+
+    Two-level bootstrap: repeats are drawn with replacement (a repeat's two runs stay together:
+    they ran next to each other, under the same machine drift), then each drawn run's steps are
+    drawn with replacement, so both the run-to-run and the step-to-step spread are in the interval."""
+    pairs = list(zip(step_seconds["trinity"], step_seconds["trl"], strict=True))
+    trimmed = [(a[warmup:], b[warmup:]) for a, b in pairs]
+    rng = random.Random(0)
+
+    def one(drawn: list[tuple[list[float], list[float]]]) -> float:
+        sides = [[], []]
+        for runs in drawn:
+            for side, run in zip(sides, runs):
+                side.extend(run[rng.randrange(len(run))] for _ in run)
+        return statistics.median(sides[1]) / statistics.median(sides[0])
+
+    point = median_after_warmup([b for _, b in trimmed], 0) / median_after_warmup([a for a, _ in trimmed], 0)
+    return {"ratio": point, "interval": interval(bootstrap(trimmed, one, resamples))}
+
+
+def reach(
+    curves: list[dict[int, float]], times: list[dict[int, float]], target: float
+) -> tuple[float, float] | None:
+    """(step, train seconds) where the mean of ``curves`` first reaches ``target``, interpolated
+    linearly between evaluated steps (and their mean train seconds); ``None`` if it never does."""
+    steps = sorted(curves[0])
+    acc = [statistics.mean(c[s] for c in curves) for s in steps]
+    secs = [statistics.mean(t[s] for t in times) for s in steps]
+    if acc[0] >= target:
+        return steps[0], secs[0]
+    for k in range(1, len(steps)):
+        if acc[k] >= target:
+            f = (target - acc[k - 1]) / (acc[k] - acc[k - 1])
+            return steps[k - 1] + f * (steps[k] - steps[k - 1]), secs[k - 1] + f * (secs[k] - secs[k - 1])
+    return None
+
+
+def time_to_accuracy(
+    curves: dict[str, list[dict[int, float]]],
+    times: dict[str, list[dict[int, float]]],
+    fraction: float = 0.8,
+    resamples: int = 2000,
+) -> dict[str, Any]:
+    """Train wall time for each side's mean held-out curve to reach a target accuracy, and the
+    ratio TRL / Trinity with a 95% bootstrap interval over seeds.
+
+    The target is the SFT checkpoint's accuracy plus ``fraction`` of the smaller of the two sides'
+    peak gains (mean curves, all repeats): not the peak itself, which the noisier side's mean
+    curve reaches only by luck, so that resamples would miss it half the time. Each resample
+    draws repeats with replacement (the same draws for both sides: a repeat's two runs share a
+    seed and a stretch of time) and finds when each side's resampled mean curve reaches the
+    target. Resamples where a side never reaches it are counted, not dropped silently."""
+    mean = {n: {s: statistics.mean(c[s] for c in cs) for s in cs[0]} for n, cs in curves.items()}
+    base = mean["trinity"][0]
+    gain = min(max(c.values()) for c in mean.values()) - base
+    out: dict[str, Any] = {"base": base, "fraction": fraction}
+    if gain <= 0:
+        out["target"] = base
+        out["note"] = "a side never improved on the SFT checkpoint's mean accuracy"
+        return out
+    target = out["target"] = base + fraction * gain
+    reached = {n: reach(curves[n], times[n], target) for n in curves}
+    out["reached"] = {n: {"step": r[0], "seconds": r[1]} for n, r in reached.items()}
+    t, tr = reached["trinity"][1], reached["trl"][1]
+    out["ratio_trl_over_trinity"] = tr / t if t else None
+
+    def one(drawn: list[int]) -> float | None:
+        got = {n: reach([curves[n][i] for i in drawn], [times[n][i] for i in drawn], target) for n in curves}
+        if not got["trinity"] or not got["trl"] or not got["trinity"][1]:
+            return None
+        return got["trl"][1] / got["trinity"][1]
+
+    draws = bootstrap(list(range(len(curves["trinity"]))), one, resamples)
+    out["interval"] = interval(draws)
+    out["resamples_unreached"] = sum(d is None for d in draws)
+    out["resamples"] = resamples
+    return out
+
+
+def accuracy_interval(curves: list[dict[int, float]], step: int) -> tuple[float, float] | None:
+    """95% bootstrap interval over seeds of the mean accuracy at ``step``."""
+    values = [c[step] for c in curves]
+    return interval(bootstrap(values, statistics.mean))
 
 
 def unmatched(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """:data:`UNMATCHED`, and the overlap when ``--trinity-sync-offset`` is not 0."""
+    """:data:`UNMATCHED`, the KL estimator with ``--kl k2``, the overlap when
+    ``--trinity-sync-offset`` is not 0."""
+    found = list(UNMATCHED)
+    if args.kl != "k3":
+        found.append(
+            (
+                "KL estimator",
+                f"asked for with --kl {args.kl} (the quickstart's grpo default k2: 0.5 * log-ratio^2); TRL's "
+                "GRPOTrainer hard-codes k3 (exp(ref - logp) - (ref - logp) - 1). Same coefficient and aggregation.",
+            )
+        )
     if not args.trinity_sync_offset:
-        return UNMATCHED
+        return found
     overlap = (
         "explorer / trainer overlap",
         f"asked for with --trinity-sync-offset {args.trinity_sync_offset}: Trinity samples up to "
@@ -624,7 +746,7 @@ def unmatched(args: argparse.Namespace) -> list[tuple[str, str]]:
         "trainer run at the same time, each with half the cores); TRL is strictly on-policy. The "
         "held-out accuracies show what that costs per step.",
     )
-    return [*UNMATCHED, overlap]
+    return [*found, overlap]
 
 
 def check_settings(sft: Path, qdir: Path, work: Path, args: argparse.Namespace) -> None:
@@ -648,7 +770,7 @@ def check_settings(sft: Path, qdir: Path, work: Path, args: argparse.Namespace) 
         "batch": (PROMPTS_PER_STEP, GENERATIONS),
         "lr": (LR, WARMUP_STEPS, "constant", WEIGHT_DECAY, BETAS, GRAD_CLIP),
         "clip": CLIP_EPSILON,
-        "kl": ("k2", KL_COEF),
+        "kl": (args.kl, KL_COEF),
         "agg": "token-mean",
         "lengths": (MAX_PROMPT_TOKENS, MAX_RESPONSE_TOKENS),
         "temperature": TEMPERATURE,
@@ -672,13 +794,40 @@ def non_negative(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", type=Path, default=Path("bench-vs-trl"), help="default ./bench-vs-trl")
-    parser.add_argument("--steps", type=int, default=120, help="GRPO steps of each run (default 120)")
+    parser.add_argument("--steps", type=int, default=120, help="GRPO steps of each quiet run (default 120)")
     parser.add_argument("--eval-every", type=int, default=10, help="evaluate every N steps (default 10)")
     parser.add_argument(
         "--repeats",
         type=int,
-        default=4,
-        help="runs of each, alternating the order, repeat r seeded with r (default 4)",
+        default=8,
+        help="quiet runs of each, alternating the order, repeat r seeded with r (default 8)",
+    )
+    parser.add_argument(
+        "--load-repeats",
+        type=non_negative,
+        default=2,
+        help="runs of each under a background load of one CPU-bound process per core (default 2; 0: none)",
+    )
+    parser.add_argument(
+        "--load-steps", type=int, default=30, help="GRPO steps of each run under load (default 30)"
+    )
+    parser.add_argument(
+        "--heldout",
+        type=int,
+        default=300,
+        help="held-out problems of the 1,000 (default 300; the quickstart holds out 100)",
+    )
+    parser.add_argument(
+        "--kl",
+        choices=["k3", "k2"],
+        default="k3",
+        help="Trinity's KL estimator: k3 (default, TRL's hard-coded one) or k2 (the quickstart's grpo default)",
+    )
+    parser.add_argument(
+        "--tta-fraction",
+        type=float,
+        default=0.8,
+        help="time-to-accuracy target: the SFT accuracy plus this fraction of the smaller peak gain (default 0.8)",
     )
     parser.add_argument(
         "--threads",
@@ -706,7 +855,9 @@ def main(argv: list[str] | None = None) -> int:
         help="SFT warm-up steps (default 600, the quickstart's; 60 with --quick); built once per value",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: --steps 4 --eval-every 2 --repeats 1 --sft-steps 60"
+        "--quick",
+        action="store_true",
+        help="smoke run: --steps 4 --eval-every 2 --repeats 2 --load-repeats 1 --load-steps 3 --sft-steps 60",
     )
     parser.add_argument("--trl-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -714,7 +865,8 @@ def main(argv: list[str] | None = None) -> int:
         trl_worker(args.trl_worker)
         return 0
     if args.quick:
-        args.steps, args.eval_every, args.repeats = 4, 2, 1
+        args.steps, args.eval_every, args.repeats = 4, 2, 2
+        args.load_repeats, args.load_steps = min(args.load_repeats, 1), 3
     if args.sft_steps is None:
         # The full warm-up takes minutes on 2 busy cores; a smoke run needs only a checkpoint.
         args.sft_steps = 60 if args.quick else 600
@@ -725,75 +877,99 @@ def main(argv: list[str] | None = None) -> int:
 
     work = args.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    sft = build_sft(work, args.sft_steps, args.trinity_threads)
-    qdir = work / f"quickstart-sft{args.sft_steps}"
+    sft = build_sft(work, args.sft_steps, args.trinity_threads, args.heldout)
+    qdir = quickstart_dir(work, args.sft_steps, args.heldout)
     check_settings(sft, qdir, work, args)
 
-    runs: dict[str, list[dict[str, Any]]] = {"trinity": [], "trl": []}
     runners = {"trinity": run_trinity, "trl": run_trl}
-    for repeat in range(args.repeats):
-        order = ["trinity", "trl"] if repeat % 2 == 0 else ["trl", "trinity"]
-        for name in order:
-            print(f"[vs_trl] repeat {repeat + 1}/{args.repeats}: {name}, {args.steps} steps", flush=True)
-            result = runners[name](sft, qdir, work, repeat, args)
-            runs[name].append(result)
-            print(
-                f"[vs_trl]   start-up {result['startup_s']:.1f} s, "
-                f"steps {sum(result['step_seconds']):.1f} s (median {statistics.median(result['step_seconds']):.2f} s)",
-                flush=True,
-            )
+    conditions = {"quiet": (args.repeats, args.steps, 0)}
+    if args.load_repeats:
+        conditions["load"] = (args.load_repeats, args.load_steps, os.cpu_count() or 1)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {c: {"trinity": [], "trl": []} for c in conditions}
+    for condition, (repeats, steps, burners) in conditions.items():
+        for repeat in range(repeats):
+            order = ["trinity", "trl"] if repeat % 2 == 0 else ["trl", "trinity"]
+            for name in order:
+                print(
+                    f"[vs_trl] {condition} {repeat + 1}/{repeats}: {name}, {steps} steps"
+                    + (f", {burners} CPU-bound background processes" if burners else ""),
+                    flush=True,
+                )
+                load_before = os.getloadavg()[0]
+                tag = "-load" if burners else ""
+                with cpu_load(burners) if burners else contextlib.nullcontext():
+                    result = runners[name](sft, qdir, work, repeat, args, steps, tag)
+                result["loadavg_1min_before"] = load_before
+                runs[condition][name].append(result)
+                print(
+                    f"[vs_trl]   start-up {result['startup_s']:.1f} s, steps {sum(result['step_seconds']):.1f} s "
+                    f"(median {statistics.median(result['step_seconds']):.2f} s); load before {load_before:.1f}",
+                    flush=True,
+                )
 
-    # Evaluation, after all training so it cannot slow either down.
+    # Evaluation of the quiet runs, after all training so it cannot slow either down.
+    quiet = runs["quiet"]
     problems = read_jsonl(qdir / "data" / "test.jsonl")
     eval_steps = sorted({*range(args.eval_every, args.steps + 1, args.eval_every), args.steps})
     print(
-        f"[vs_trl] evaluating steps 0, {', '.join(map(str, eval_steps))} on {len(problems)} held-out problems",
+        f"[vs_trl] evaluating steps 0, {', '.join(map(str, eval_steps))} of the quiet runs on "
+        f"{len(problems)} held-out problems",
         flush=True,
     )
     base = evaluate(str(sft), sft, problems, args.threads)
     accuracy: dict[str, list[dict[int, float]]] = {"trinity": [], "trl": []}
-    for name, results in runs.items():
+    times: dict[str, list[dict[int, float]]] = {"trinity": [], "trl": []}
+    for name, results in quiet.items():
         for result in results:
             curve = {0: base}
             for step in eval_steps:
                 curve[step] = evaluate(result["checkpoints"][step], sft, problems, args.threads)
             accuracy[name].append(curve)
+            times[name].append({s: sum(result["step_seconds"][:s]) for s in curve})
     mean_curve = {
         name: {s: statistics.mean(c[s] for c in curves) for s in curves[0]}
         for name, curves in accuracy.items()
     }
-    mean_time = {
-        name: {s: statistics.mean(sum(r["step_seconds"][:s]) for r in runs[name]) for s in mean_curve[name]}
-        for name in runs
-    }
+    mean_time = {name: {s: statistics.mean(t[s] for t in ts) for s in ts[0]} for name, ts in times.items()}
 
-    warmup = min(5, args.steps // 4)
-    medians = {name: median_after_warmup([r["step_seconds"] for r in runs[name]], warmup) for name in runs}
-    tta = time_to_accuracy(mean_curve, mean_time)
+    per_step: dict[str, Any] = {}
+    for condition, sides in runs.items():
+        steps = conditions[condition][1]
+        warmup = min(5, steps // 4)
+        seconds = {name: [r["step_seconds"] for r in sides[name]] for name in sides}
+        per_step[condition] = {
+            "steps": steps,
+            "repeats": conditions[condition][0],
+            "background_processes": conditions[condition][2],
+            "warmup_steps_excluded": warmup,
+            "median_step_s": {name: median_after_warmup(seconds[name], warmup) for name in seconds},
+            **step_ratio(seconds, warmup),
+            "ratio_per_repeat": paired_ratios(seconds, warmup),
+            "startup_s": {name: [r["startup_s"] for r in sides[name]] for name in sides},
+            "loadavg_1min_before": {name: [r["loadavg_1min_before"] for r in sides[name]] for name in sides},
+            "step_seconds": seconds,
+        }
     results = {
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "options": {
             k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "trl_worker"
         },
-        "trl_version": runs["trl"][0]["trl_version"],
+        "trl_version": quiet["trl"][0]["trl_version"],
         "sft_checkpoint": str(sft),
-        "median_step_s": medians,
-        "warmup_steps_excluded": warmup,
-        "step_time_ratio_trl_over_trinity": medians["trl"] / medians["trinity"],
-        "step_time_ratio_per_repeat": paired_ratios(
-            {n: [r["step_seconds"] for r in runs[n]] for n in runs}, warmup
-        ),
-        "startup_s": {name: [r["startup_s"] for r in runs[name]] for name in runs},
+        "heldout_problems": len(problems),
+        "per_step": per_step,
         "heldout_accuracy": {
             name: [{str(k): v for k, v in c.items()} for c in curves] for name, curves in accuracy.items()
         },
         "heldout_accuracy_mean": {name: {str(k): v for k, v in c.items()} for name, c in mean_curve.items()},
+        "heldout_accuracy_final_interval": {
+            name: accuracy_interval(curves, args.steps) for name, curves in accuracy.items()
+        },
         "train_seconds_to_step_mean": {
             name: {str(k): v for k, v in t.items()} for name, t in mean_time.items()
         },
-        "time_to_accuracy": tta,
-        "step_seconds": {name: [r["step_seconds"] for r in runs[name]] for name in runs},
-        "settings": [{"setting": s, "trinity": t, "trl": r} for s, t, r in SETTINGS],
+        "time_to_accuracy": time_to_accuracy(accuracy, times, args.tta_fraction),
+        "settings": [{"setting": s, "trinity": t, "trl": r} for s, t, r in settings(args)],
         "trl_config": trl_config_kwargs(Path("<out>"), args.steps),
         "unmatched": [{"setting": s, "why": w} for s, w in unmatched(args)],
     }
@@ -802,49 +978,72 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _span(pair: tuple[float, float] | list[float] | None, fmt: str = "{:.2f}") -> str:
+    return f"[{fmt.format(pair[0])}, {fmt.format(pair[1])}]" if pair else "[n/a]"
+
+
 def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     line = "=" * 78
     print(
-        f"\n{line}\nTrinity (quickstart grpo stage) vs TRL {r['trl_version']} GRPOTrainer, CPU, "
-        f"Trinity threads: {args.trinity_threads or 'its own split of the cores'}, TRL threads: {args.threads}, "
-        f"Trinity sync_offset: {args.trinity_sync_offset}"
-        f"{' (strictly on-policy)' if not args.trinity_sync_offset else ' (off-policy)'}, "
-        f"{args.steps} steps x {args.repeats} repeat(s)\n{line}"
+        f"\n{line}\nTrinity (quickstart grpo stage, KL {args.kl}) vs TRL {r['trl_version']} GRPOTrainer, CPU "
+        f"({os.cpu_count()} cores), Trinity threads: {args.trinity_threads or 'its own split of the cores'}, "
+        f"TRL threads: {args.threads}, Trinity sync_offset: {args.trinity_sync_offset}"
+        f"{' (strictly on-policy)' if not args.trinity_sync_offset else ' (off-policy)'}\n{line}"
     )
-    m = r["median_step_s"]
-    print(
-        f"step time, median after {r['warmup_steps_excluded']} warm-up steps: Trinity {m['trinity']:.3f} s, "
-        f"TRL {m['trl']:.3f} s  ->  ratio TRL / Trinity {r['step_time_ratio_trl_over_trinity']:.2f}"
-    )
-    paired = r["step_time_ratio_per_repeat"]
-    print(
-        f"  per repeat (the two runs of a repeat are adjacent in time): {', '.join(f'{x:.2f}' for x in paired)}"
-        f"; median {statistics.median(paired):.2f}"
-    )
-    s = r["startup_s"]
-    print(
-        "start-up, not in step times (Trinity: process + Ray + actors + models; TRL: process + "
-        f"imports + trainer): Trinity {', '.join(f'{x:.1f}' for x in s['trinity'])} s, "
-        f"TRL {', '.join(f'{x:.1f}' for x in s['trl'])} s"
-    )
-    print("held-out accuracy (greedy, 100 problems; mean over repeats), train wall time to that step:")
+    for p in r["per_step"].values():
+        what = (
+            "quiet machine"
+            if not p["background_processes"]
+            else f"under load: {p['background_processes']} CPU-bound background processes (one per core)"
+        )
+        m = p["median_step_s"]
+        print(
+            f"step time, {what}, {p['repeats']} repeat(s) x {p['steps']} steps, median after "
+            f"{p['warmup_steps_excluded']} warm-up steps: Trinity {m['trinity']:.3f} s, TRL {m['trl']:.3f} s"
+            f"  ->  TRL / Trinity {p['ratio']:.2f}, 95% interval {_span(p['interval'])}"
+        )
+        print(
+            f"  per repeat (a repeat's two runs are adjacent in time): {', '.join(f'{x:.2f}' for x in p['ratio_per_repeat'])}"
+        )
+        s = p["startup_s"]
+        print(
+            "  start-up, not in step times (Trinity: process + Ray + actors + models; TRL: process + imports "
+            f"+ trainer): Trinity {', '.join(f'{x:.1f}' for x in s['trinity'])} s, TRL {', '.join(f'{x:.1f}' for x in s['trl'])} s"
+        )
     acc, t = r["heldout_accuracy_mean"], r["train_seconds_to_step_mean"]
+    repeats = len(r["heldout_accuracy"]["trinity"])
+    print(
+        f"held-out accuracy (greedy, {r['heldout_problems']} problems; mean over {repeats} seeds), "
+        "train wall time to that step (quiet runs):"
+    )
     for step in acc["trinity"]:
         print(
             f"  step {int(step):>4}: Trinity {acc['trinity'][step]:6.1%} ({t['trinity'][step]:6.1f} s)   "
             f"TRL {acc['trl'][step]:6.1%} ({t['trl'][step]:6.1f} s)"
         )
+    final = r["heldout_accuracy_final_interval"]
+    print(
+        f"  last step, 95% interval over seeds: Trinity {_span(final['trinity'], '{:.1%}')}, "
+        f"TRL {_span(final['trl'], '{:.1%}')}"
+    )
     tta = r["time_to_accuracy"]
     if "note" in tta:
-        print(f"time to accuracy: n/a ({tta['note']}; best both reach {tta['target']:.1%})")
+        print(f"time to accuracy: n/a ({tta['note']})")
     else:
         reached = tta["reached"]
         ratio = tta["ratio_trl_over_trinity"]
         print(
-            f"time to {tta['target']:.1%} (best accuracy both reach): Trinity step {reached['trinity']['step']} "
-            f"({reached['trinity']['seconds']:.1f} s), TRL step {reached['trl']['step']} "
-            f"({reached['trl']['seconds']:.1f} s)  ->  ratio TRL / Trinity "
+            f"time to {tta['target']:.1%} held-out accuracy (SFT {tta['base']:.1%} + {tta['fraction']:.0%} of the "
+            f"smaller peak gain): Trinity step {reached['trinity']['step']:.0f} ({reached['trinity']['seconds']:.1f} s), "
+            f"TRL step {reached['trl']['step']:.0f} "
+            f"({reached['trl']['seconds']:.1f} s)  ->  TRL / Trinity "
             + (f"{ratio:.2f}" if ratio is not None else "n/a")
+            + f", 95% interval over seeds {_span(tta['interval'])}"
+            + (
+                f" ({tta['resamples_unreached']} of {tta['resamples']} resamples: a side never reached it)"
+                if tta["resamples_unreached"]
+                else ""
+            )
         )
     print("\nsettings (Trinity | TRL):")
     for item in r["settings"]:

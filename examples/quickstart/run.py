@@ -48,8 +48,11 @@ PRACTICE_PROBLEMS = 100  # of the 600 RL questions, evaluated as "practice"
 MODEL = {"hidden_size": 128, "num_layers": 2, "num_heads": 4}  # ~300k parameters
 
 
-def prepare(work: Path, seed: int = 0) -> None:
-    """Recreate ``work`` with the taskset (``data/``) and the tiny model (``model/``) of ``seed``."""
+def prepare(work: Path, seed: int = 0, test_problems: int = TEST_PROBLEMS) -> None:
+    """Recreate ``work`` with the taskset (``data/``) and the tiny model (``model/``) of ``seed``.
+
+    ``test_problems`` of the 1,000 are held out (the rest train); ``benchmarks/vs_trl.py`` holds out
+    more than the quickstart's 100 for a finer accuracy estimate."""
     from trinity_math.tasks import arithmetic_problems, split, write_jsonl, write_taskset
     from trinity_math.tiny import create_math_model
 
@@ -66,7 +69,7 @@ def prepare(work: Path, seed: int = 0) -> None:
     problems = arithmetic_problems(
         TRAIN_PROBLEMS + TEST_PROBLEMS, difficulty=DIFFICULTY, terms=TERMS, seed=seed
     )
-    train, test = split(problems, TEST_PROBLEMS)
+    train, test = split(problems, test_problems)
     # The warm-up corpus: every one-step sum's fact, then the worked solutions (see the note above).
     write_taskset(work / "data", train, test, sft=SFT_PROBLEMS, facts=problems, untagged=UNTAGGED)
     # The train problems without an SFT solution, evaluated as "practice": what RL learns alone.
