@@ -211,3 +211,43 @@ def test_engine_samples_from_images_and_the_trainer_steps_on_them(vlm_path, tmp_
     changed = {k for k, v in trainer.model.state_dict().items() if not torch.equal(v, before[k])}
     assert any(k.startswith("model.visual.") for k in changed)  # the gradient reached the vision tower
     assert any(k.startswith("model.language_model.") for k in changed)
+
+
+def test_sft_rows_with_images_carry_them_and_their_pixels(vlm_path, tmp_path):
+    """Multimodal SFT rows (mix_vlm's expert data): the image joins the user turn, the
+    Experience carries its bytes and pixel inputs, and only the answer is the response."""
+    import json
+
+    from trinity.buffer.sft import SFTDatasetReader
+    from trinity.config import ExperienceBufferConfig
+
+    image = png((0, 200, 0), (56, 84))
+    (tmp_path / "g.png").write_bytes(image)
+    rows = [
+        {"problem": "<image>Colour?", "response": "green", "images": [str(tmp_path / "g.png")]},
+        {"problem": "<image>Colour?", "response": "green", "images": [str(tmp_path / "gone.png")]},
+    ]
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = ExperienceBufferConfig(
+        name="sft",
+        storage_type="file",
+        schema_type="sft",
+        path=str(tmp_path / "sft.jsonl"),
+        tokenizer_path=str(vlm_path),
+        format={
+            "prompt_type": "plaintext",
+            "prompt_key": "problem",
+            "response_key": "response",
+            "image_key": "images",
+        },
+    )
+    reader = SFTDatasetReader(config)
+    assert sum(reader.skipped.values()) == 1  # the row whose image is gone
+    [exp] = reader.read(1)
+    proc = MultiModalProcessor(vlm_path)
+    messages = [build_mm_message("<image>Colour?", [image]), {"role": "assistant", "content": "green"}]
+    ids, pixels, _, _ = proc.encode(messages, add_generation_prompt=False)
+    assert exp.tokens.tolist() == ids and exp.images == [image]
+    assert torch.equal(exp.multi_modal_inputs["pixel_values"], pixels["pixel_values"])
+    assert proc.image_pad_id in exp.tokens[: exp.prompt_length].tolist()
+    assert proc.tokenizer.decode(exp.tokens[exp.prompt_length :].tolist()).startswith("green")

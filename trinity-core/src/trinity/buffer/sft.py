@@ -8,6 +8,12 @@ them are masked out); otherwise only the last assistant message is the response.
 DPO (``schema_type: dpo``): ``tokens`` = the prompt (with the generation prompt), and ``chosen`` /
 ``rejected`` = the tokens of each reply as the template renders it after that prompt.
 
+SFT rows with images (``format.image_key``, Trinity-RFT's multimodal SFT, e.g. ``mix_vlm``'s expert
+data): the prompt and the row's images make the user turn (:func:`trinity.multimodal.build_mm_message`;
+with ``prompt_type: messages`` the messages' own image items), the model's
+:class:`~trinity.multimodal.MultiModalProcessor` tokenises the conversation, and the Experience
+carries the images and their pixel inputs; only the last assistant message is trained.
+
 CPT (``schema_type: cpt``, continued pre-training): ``tokens`` = the raw text of the
 ``format.text_key`` column (no chat template), tokenised with the tokenizer's special tokens and
 an EOS; every token after the first is trained (the first has nothing to be predicted from).
@@ -154,6 +160,53 @@ def sft_experience(row: Any, fmt: FormatConfig, chat: ChatTokenizer) -> Experien
     )
 
 
+def mm_sft_experience(row: Any, fmt: FormatConfig, processor: Any) -> Experience:
+    """One SFT :class:`~trinity.experience.Experience` from a row with images (see the module
+    docstring); ``processor`` is a :class:`~trinity.multimodal.MultiModalProcessor`."""
+    from trinity.experience import Experience
+    from trinity.multimodal import ImageError, build_mm_message, image_list
+
+    if not isinstance(row, dict):
+        raise SFTDataError(f"row must be a JSON object, got {type(row).__name__}")
+    if fmt.enable_concatenated_multi_turn:
+        raise SFTDataError("enable_concatenated_multi_turn is not supported for rows with images")
+    if fmt.prompt_type == "messages":
+        messages = row.get(fmt.messages_key)
+        problem = check_messages(messages, fmt.messages_key)
+        if problem:
+            raise SFTDataError(problem)
+    else:
+        if fmt.response_key not in row:
+            raise SFTDataError(f"missing response key {fmt.response_key!r}")
+        messages = _plain_messages(row, fmt, row[fmt.response_key])
+        images = image_list(row.get(fmt.image_key)) if fmt.image_key else []
+        videos = image_list(row.get(fmt.video_key)) if fmt.video_key else []
+        try:
+            messages[-2] = build_mm_message(messages[-2]["content"], images, videos)
+        except ValueError as exc:
+            raise SFTDataError(str(exc)) from None
+    if messages[-1]["role"] != "assistant":
+        raise SFTDataError("the conversation must end with an assistant message")
+    try:
+        full, pixels, raw, _ = processor.encode(messages, add_generation_prompt=False)
+        prompt, _, _, prompt_text = processor.encode(messages[:-1], add_generation_prompt=True)
+    except ImageError as exc:
+        raise SFTDataError(str(exc)) from None
+    if full[: len(prompt)] != prompt:
+        raise SFTDataError("the chat template does not render the prompt as a prefix of the conversation")
+    if len(full) == len(prompt):
+        raise SFTDataError("the response renders to no tokens")
+    return Experience(
+        tokens=full,
+        prompt_length=len(prompt),
+        prompt_text=prompt_text,
+        response_text=str(messages[-1].get("content")),
+        messages=messages,
+        multi_modal_inputs=pixels or None,
+        images=raw or None,
+    )
+
+
 def dpo_experience(row: Any, fmt: FormatConfig, chat: ChatTokenizer) -> Experience:
     """One DPO :class:`~trinity.experience.Experience` (``chosen`` / ``rejected`` tensors)."""
     from trinity.experience import Experience
@@ -231,8 +284,12 @@ class SFTDatasetReader(ReaderBase):
                 tokenizer = load_tokenizer(config.tokenizer_path, fmt.chat_template)
         elif fmt.chat_template:
             tokenizer.chat_template = fmt.chat_template
-        chat = ChatTokenizer(tokenizer)
+        chat: Any = ChatTokenizer(tokenizer)
         build = {"dpo": dpo_experience, "cpt": cpt_experience}.get(schema, sft_experience)
+        if schema == "sft" and (fmt.image_key or fmt.video_key):
+            from trinity.multimodal import MultiModalProcessor
+
+            chat, build = MultiModalProcessor(config.tokenizer_path, tokenizer), mm_sft_experience
         try:
             raw = load_rows(config.path, split=config.split, subset_name=config.subset_name)
         except DatasetError as exc:

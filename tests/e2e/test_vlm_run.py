@@ -1,0 +1,102 @@
+"""End to end: upstream's ``mix_vlm`` example (stored unchanged in ``tests/upstream_configs/``)
+trains ``mix_chord`` on rows with images, with the tiny Qwen2-VL on CPU: the explorer's
+``simple_mm_workflow`` rollouts and the expert SFT rows both carry their images to the trainer."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from PIL import Image
+
+UPSTREAM = Path(__file__).parents[1] / "upstream_configs"
+
+
+def shape_png(colour: tuple[int, int, int]) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (56, 56), colour).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
+    """Two explore/train steps of upstream's mix_vlm with only what a CPU machine needs changed:
+    the tiny Qwen2-VL, local rows with images (tasks and expert SFT rows), small batches, the
+    transformers engine and native trainer, the default synchronizer."""
+    from trinity.monitor.tensorboard import read_scalars
+    from trinity.testing.jobs import deep_merge, write_job
+    from trinity.testing.tiny_model import create_tiny_vlm
+
+    root = tmp_path
+    model = create_tiny_vlm(root / "model")
+    (root / "images").mkdir()
+    tasks, sft = [], []
+    for i, (colour, answer) in enumerate([((250, 0, 0), "red"), ((0, 0, 250), "blue")]):
+        path = root / "images" / f"{i}.png"
+        path.write_bytes(shape_png(colour))
+        tasks.append({"problem": "<image>Which colour?", "answer": answer, "images": [str(path)]})
+        sft.append(
+            {"problem": "<image>Which colour?", "response": f"\\boxed{{{answer}}}", "images": [str(path)]}
+        )
+    (root / "tasks").mkdir()
+    (root / "tasks" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tasks))
+    (root / "sft").mkdir()
+    (root / "sft" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft))
+
+    upstream = yaml.safe_load((UPSTREAM / "mix_vlm" / "mix_vlm.yaml").read_text())
+    config = deep_merge(upstream, {"cluster": None, "synchronizer": None, "trainer": None, "explorer": None})
+    config = deep_merge(
+        config,
+        {
+            "checkpoint_root_dir": f"{root}/ckpt",
+            "algorithm": {
+                "repeat_times": 2,
+                # Upstream's 256 + 64 rows: left to config resolution (the mix split of 4 rows).
+                "policy_loss_fn_args": {
+                    "ppo_mini_batch_size": 4,
+                    "train_batch_size_usual": None,
+                    "train_batch_size_expert": None,
+                    "ngpus_trainer": 1,
+                },
+            },
+            "model": {"model_path": str(model), "max_response_tokens": 6, "max_model_len": 400},
+            "buffer": {
+                "total_epochs": 1,
+                "batch_size": 2,
+                # One explore step's rollouts (2 tasks x 2) per train step: upstream's 320 is its
+                # 256 rollouts plus the 64 expert rows, which the run counts as rollouts.
+                "train_batch_size": 4,
+                "explorer_input": {"taskset": {"path": f"{root}/tasks", "subset_name": None}},
+                "trainer_input": {
+                    "experience_buffer": {"storage_type": "sql", "path": f"sqlite:///{root}/buffer.db"},
+                    "auxiliary_buffers": {"sft_dataset": {"path": f"{root}/sft", "total_epochs": 2}},
+                },
+            },
+            "explorer": {
+                "eval_on_startup": False,
+                "runner_per_model": 2,
+                "rollout_model": {
+                    "engine_type": "transformers",
+                    "engine_num": 1,
+                    "dtype": "float32",
+                    "seed": 1,
+                },
+            },
+            "trainer": {"trainer_type": "native", "dtype": "float32"},
+            "monitor": {"monitor_type": "tensorboard"},
+        },
+    )
+    trinity_run(write_job(root / "job.yaml", config))
+
+    job = root / "ckpt" / "Trinity-RFT" / "mix_vlm"
+    trainer = read_scalars(job / "monitor" / "tensorboard" / "trainer")
+    # Step 1: 3 of the 4 rollouts plus an expert row (ratio 0.2 of 4 rows), all with images;
+    # step 2 the last rollout and another expert row.
+    assert [v for _, v in trainer["sample/usual_count"]] == [3.0, 1.0], trainer["sample/usual_count"]
+    assert [v for _, v in trainer["sample/expert_count"]] == [1.0, 1.0]
+    assert trainer["trainer/num_experiences"][0][1] == 4.0
+    assert trainer["actor/expert/sft_loss"][0][1] > 0  # the expert rows (with their images) trained
