@@ -250,9 +250,10 @@ def vllm(session: nox.Session) -> None:
     # imports torchvision whenever it is installed, so `import transformers` fails. Text models
     # need none of them.
     session.run("python", "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec")
-    # Only what the tests run: the core, GRPO (algos) and the math workflows.
+    # Only what the tests run: the core (with PEFT: LoRA served by vLLM), GRPO (algos) and the
+    # math workflows.
     session.install(
-        "-e", "trinity-core", "-e", "trinity-plugins-algos", "-e", "trinity-plugins-math",
+        "-e", "trinity-core[lora]", "-e", "trinity-plugins-algos", "-e", "trinity-plugins-math",
         "pytest>=8", "pytest-timeout>=2.2", TORCH_SPEC,
     )  # fmt: skip
     if bench:
@@ -266,6 +267,7 @@ def vllm(session: nox.Session) -> None:
         "no:cacheprovider",
         "trinity-core/tests/explorer/test_vllm_mapping.py",
         "trinity-core/tests/explorer/test_vllm_engine_real.py",
+        "trinity-core/tests/explorer/test_vllm_lora_real.py",
         "tests/e2e/test_vllm_run.py",
         "tests/e2e/test_serve_and_train.py::test_serve_and_train[vllm]",
         env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},

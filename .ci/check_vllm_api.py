@@ -15,6 +15,7 @@ import typing
 
 import vllm
 from vllm import outputs, sampling_params
+from vllm.lora.request import LoRARequest
 from vllm.v1.worker.gpu_worker import Worker
 
 from trinity.rollout.vllm_engine import VLLM_API
@@ -31,6 +32,7 @@ CLASSES = {
     "RequestOutput": outputs.RequestOutput,
     "CompletionOutput": outputs.CompletionOutput,
     "Logprob": Logprob,
+    "LoRARequest": LoRARequest,
     "Worker": Worker,
 }
 

@@ -10,8 +10,8 @@ each, after ``--steps`` steps:
   parameters and buffers, the reference model's, the gradients and the optimizer state); the
   activations of a step come on top and are the same for both up to the adapter's few matmuls;
 - sync bytes: what one weight sync sends (``state_dict()``): the whole model for full training;
-  with LoRA the adapter alone to a transformers rollout engine, the merged weights of the
-  adapted modules to vLLM.
+  with LoRA the adapter alone (to a transformers engine, and to vLLM, which serves it as its LoRA
+  adapter), or the merged weights of the adapted modules (to vLLM over ``nccl``).
 
 Prints both trainers' numbers and LoRA / full as ratios.
 """
@@ -86,9 +86,9 @@ def measure(model: str, root: str, lora: dict | None, steps: int) -> dict[str, i
         trainer.train_step(exps)
     out = {"memory": trainer_memory(trainer), "sync": _bytes(trainer.state_dict().values())}
     if lora:
-        for engine, adapter_only in (("transformers", True), ("vllm", False)):
+        for form, adapter_only in (("adapter", True), ("merged", False)):
             trainer.sync_adapter_only = adapter_only
-            out[f"sync {engine}"] = _bytes(trainer.state_dict().values())
+            out[f"sync {form}"] = _bytes(trainer.state_dict().values())
     return out
 
 
@@ -115,11 +115,11 @@ def main() -> None:
         f"{'trainer memory (MiB)':30}{full['memory'] / mib:12.2f}{lora['memory'] / mib:12.2f}"
         f"{lora['memory'] / full['memory']:12.3f}"
     )
-    for engine in ("transformers", "vllm"):
-        label = f"sync/step {engine} (MiB)"
+    for form in ("adapter", "merged"):
+        label = f"sync/step {form} (MiB)"
         print(
-            f"{label:30}{full['sync'] / mib:12.2f}{lora[f'sync {engine}'] / mib:12.2f}"
-            f"{lora[f'sync {engine}'] / full['sync']:12.3f}"
+            f"{label:30}{full['sync'] / mib:12.2f}{lora[f'sync {form}'] / mib:12.2f}"
+            f"{lora[f'sync {form}'] / full['sync']:12.3f}"
         )
 
 

@@ -1,4 +1,4 @@
-"""The CPU example configs (quickstart, its OPMD variant, DPO) load and resolve as documented."""
+"""The CPU example configs (quickstart, its OPMD and LoRA variants, DPO) load and resolve as documented."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from trinity.config import load_config, stage_configs
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-@pytest.mark.parametrize(("name", "rl_algorithm"), [("quickstart.yaml", "grpo"), ("opmd.yaml", "opmd")])
+@pytest.mark.parametrize(
+    ("name", "rl_algorithm"), [("quickstart.yaml", "grpo"), ("opmd.yaml", "opmd"), ("lora.yaml", "grpo")]
+)
 def test_quickstart_is_sft_then_rl_on_cpu_backends(monkeypatch, tmp_path, name, rl_algorithm):
     monkeypatch.setenv("QUICKSTART_DIR", str(tmp_path))
     sft, rl = stage_configs(load_config(EXAMPLES / "quickstart" / name))
@@ -41,6 +43,27 @@ def test_opmd_variant_differs_from_the_quickstart_only_in_its_algorithm():
     opmd["name"], opmd["algorithm"]["algorithm_type"], opmd["stages"][1]["stage_name"] = (
         quickstart["name"], quickstart["algorithm"]["algorithm_type"], quickstart["stages"][1]["stage_name"])  # fmt: skip
     assert opmd == quickstart  # same data, model, warm-up, steps and evaluation
+
+
+def test_lora_variant_trains_an_adapter_in_its_rl_stage_only(monkeypatch, tmp_path):
+    import yaml
+
+    monkeypatch.setenv("QUICKSTART_DIR", str(tmp_path))
+    sft, rl = stage_configs(load_config(EXAMPLES / "quickstart" / "lora.yaml"))
+    assert sft.model.lora_configs is None  # the warm-up trains a fresh model: full weights
+    assert [(c.lora_rank, c.target_modules) for c in rl.model.lora_configs] == [(16, "all-linear")]
+    assert rl.explorer.rollout_model.enable_lora
+    quickstart, lora = (
+        yaml.safe_load((EXAMPLES / "quickstart" / n).read_text()) for n in ("quickstart.yaml", "lora.yaml")
+    )
+    rl_stage = lora["stages"][1]
+    assert rl_stage.pop("model") == {
+        "lora_configs": [{"lora_rank": 16, "lora_alpha": 32, "target_modules": "all-linear"}]
+    }
+    assert rl.algorithm.optimizer.lr == rl_stage.pop("algorithm")["optimizer"]["lr"]
+    assert lora.pop("name") == "arithmetic-lora"
+    quickstart.pop("name")
+    assert lora == quickstart  # same data, model, warm-up, steps and evaluation
 
 
 def test_dpo_example_trains_on_preference_pairs(monkeypatch, tmp_path):

@@ -46,6 +46,19 @@ def test_second_stage_rolls_out_and_trains_the_first_stages_weights(tmp_path):
     assert sft.buffer.trainer_input.experience_buffer.tokenizer_path == "/ckpt/other"
 
 
+def test_a_stage_trains_lora_from_the_previous_stages_full_weights(tmp_path):
+    # Full-weight SFT, then RL with an adapter: stages[].model is merged over the global model
+    # section for that stage only, and the stage still starts from the previous stage's weights.
+    path = tmp_path / "job.yaml"
+    path.write_text(CONFIG + "    model: {lora_configs: [{lora_rank: 4}], max_response_tokens: 16}\n")
+    sft, rl = stage_configs(load_config(path))
+    assert sft.model.lora_configs is None and sft.model.max_response_tokens == 8
+    assert [c.lora_rank for c in rl.model.lora_configs] == [4] and rl.model.max_response_tokens == 16
+    assert rl.model.max_prompt_tokens == 8  # the global keys the stage does not set
+    rl = start_from(rl, "/ckpt/sft/global_step_10")
+    assert rl.model.model_path == "/ckpt/sft/global_step_10" and rl.model.lora_configs[0].lora_rank == 4
+
+
 def test_paths_the_user_set_elsewhere_are_kept(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(

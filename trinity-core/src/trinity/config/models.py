@@ -27,6 +27,11 @@ class StageConfig(Section):
     mode: Mode | None = F(None, "Mode of this stage; defaults to the global `mode`.")
     algorithm: AlgorithmConfig | None = F(None, "Algorithm keys overriding the global ones.")
     buffer: BufferConfig | None = F(None, "Buffer keys overriding the global ones.")
+    model: ModelConfig | None = F(
+        None,
+        "Model keys overriding the global ones, e.g. `lora_configs` to train a LoRA adapter in this stage "
+        "only; a later stage's `model_path` is still the previous stage's weights.",
+    )
     data_processor: DataProcessorConfig | None = F(None, "Data-processor keys overriding the global ones.")
     explorer: ExplorerConfig | None = F(None, "Explorer keys overriding the global ones.")
     trainer: TrainerConfig | None = F(None, "Trainer keys overriding the global ones.")

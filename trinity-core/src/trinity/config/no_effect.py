@@ -134,6 +134,31 @@ def _ignored_by_selector(field: str) -> Callable[[Any, Any, Any], bool]:
 
 
 _NO_LORA_SERVING = "the rollout engines serve no LoRA adapters"
+_LORA_ON_VLLM = (
+    "vLLM's LoRA engine arguments: read only with model.lora_configs and a vllm rollout engine "
+    "(the transformers engine folds the adapter into its weights)"
+)
+
+
+def _may_run_vllm(root: Any) -> bool:
+    """Whether the rollout engine may be vLLM (``auto`` is vLLM where it finds a GPU)."""
+    engine = getattr(getattr(getattr(root, "explorer", None), "rollout_model", None), "engine_type", None)
+    return engine in ("vllm", "vllm_async", "auto")
+
+
+def _not_lora_on_vllm(value: Any, default: Any, root: Any) -> bool:
+    """Active when set, but vLLM serves no adapter in this job (no LoRA, or another engine)."""
+    model = getattr(root, "model", None)
+    return _differs(value, default, root) and not (
+        getattr(model, "lora_configs", None) and _may_run_vllm(root)
+    )
+
+
+def _not_from_lora_configs(value: Any, default: Any, root: Any) -> bool:
+    """``enable_lora`` set otherwise than ``model.lora_configs`` sets it."""
+    return bool(value) != bool(getattr(getattr(root, "model", None), "lora_configs", None))
+
+
 _NO_ROLLING_SYNC = "serve mode serves one engine, whose weights are swapped between batches"
 _NO_HISTORY_DB = (
     "serve mode keeps calls awaiting feedback in memory; committed ones go to the experience buffer"
@@ -158,9 +183,12 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect("model.repetition_penalty", "the rollout engines apply no repetition penalty"),
     NoEffect("model.rope_scaling", "not passed to the model config"),
     NoEffect("model.rope_theta", "not passed to the model config"),
-    NoEffect("model.fully_sharded_loras", _NO_LORA_SERVING),
-    NoEffect("model.max_cpu_loras", _NO_LORA_SERVING),
-    NoEffect("model.lora_configs[*].base_model_name", _NO_LORA_SERVING),
+    NoEffect("model.fully_sharded_loras", _LORA_ON_VLLM, _not_lora_on_vllm),
+    NoEffect("model.max_cpu_loras", _LORA_ON_VLLM, _not_lora_on_vllm),
+    NoEffect(
+        "model.lora_configs[*].base_model_name",
+        "vLLM serves the trained adapter under a name of its own; requests name the base model",
+    ),
     NoEffect(
         "model.lora_configs[*].lora_dtype", "the adapter trains in float32 under the trainer's autocast"
     ),
@@ -196,7 +224,20 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     *_inference("external_model_config", "an external API as rollout model is not implemented", _enabled),
     *_inference("weight_sync_buffer_size", "NCCL weight sync sends one tensor at a time"),
     *_inference("enable_return_routed_experts", "MoE routing is not returned with rollouts"),
-    *_inference("enable_lora", _NO_LORA_SERVING),
+    NoEffect(
+        "explorer.rollout_model.enable_lora",
+        "set from model.lora_configs: the rollout engine serves the trained adapter exactly when it has one",
+        _not_from_lora_configs,
+    ),
+    NoEffect("explorer.rollout_model.lora_kwargs", _LORA_ON_VLLM, _not_lora_on_vllm),
+    NoEffect(
+        "explorer.auxiliary_models[*].enable_lora",
+        _NO_LORA_SERVING.replace("rollout engines", "auxiliary models"),
+    ),
+    NoEffect(
+        "explorer.auxiliary_models[*].lora_kwargs",
+        _NO_LORA_SERVING.replace("rollout engines", "auxiliary models"),
+    ),
     *_inference("rope_scaling", "not passed to the engines"),
     *_inference("rope_theta", "not passed to the engines"),
     NoEffect("explorer.min_running_model_num", _NO_ROLLING_SYNC),

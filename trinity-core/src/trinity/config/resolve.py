@@ -315,6 +315,26 @@ def _absolute_sqlite_url(path: str) -> str:
     return prefix + os.path.abspath(file) + sep + query
 
 
+# The ranks vLLM's max_lora_rank accepts (vllm.config.lora.MaxLoRARanks, 0.11 to 0.32; 0.32 also takes 1).
+_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _vllm_lora_kwargs(m: Any) -> dict[str, Any]:
+    """vLLM's LoRA engine arguments for the adapter of ``model.lora_configs`` (as Trinity-RFT
+    derives them): one adapter slot, ``max_lora_rank`` the adapter's rank rounded up to a rank
+    vLLM accepts, and the model section's ``max_cpu_loras`` / ``fully_sharded_loras``."""
+    rank = max(cfg.lora_rank for cfg in m.lora_configs)
+    kwargs: dict[str, Any] = {
+        "max_loras": len(m.lora_configs),
+        "max_lora_rank": next((r for r in _VLLM_LORA_RANKS if r >= rank), rank),
+    }
+    if m.max_cpu_loras is not None:
+        kwargs["max_cpu_loras"] = m.max_cpu_loras
+    if m.fully_sharded_loras:
+        kwargs["fully_sharded_loras"] = True
+    return kwargs
+
+
 def _resolve_explorer(c: Config) -> None:
     m, rm = c.model, c.explorer.rollout_model
     if rm.model_path and rm.model_path != m.model_path:
@@ -333,6 +353,8 @@ def _resolve_explorer(c: Config) -> None:
     if rm.chat_template is None:
         rm.chat_template = m.custom_chat_template
     rm.enable_lora = bool(m.lora_configs)
+    if m.lora_configs:
+        rm.lora_kwargs = {**_vllm_lora_kwargs(m), **rm.lora_kwargs}
     rm.rope_scaling, rm.rope_theta = m.rope_scaling, m.rope_theta
     runners = rm.engine_num * c.explorer.runner_per_model
     _resolve_engine(rm, "explorer.rollout_model", runners)

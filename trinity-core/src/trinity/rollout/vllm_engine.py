@@ -21,6 +21,15 @@ trainer's weight-sync group and receives the broadcast itself (a
 :class:`~trinity.sync.broadcast.WeightReceiver`; the group's
 :class:`~trinity.sync.group.GroupSpec` crosses ``collective_rpc`` in wire form).
 
+LoRA (``model.lora_configs``; the engine starts with ``enable_lora`` and
+``explorer.rollout_model.lora_kwargs``): the base weights stay those of the model folder and the
+trained adapter is served as vLLM's LoRA adapter. A ``memory`` sync brings the adapter alone
+(:mod:`trinity.sync.lora_weights`), written as a PEFT folder and loaded in place under one
+adapter id (:data:`LORA_ID`); a ``checkpoint`` sync loads the checkpoint's ``adapter/`` folder.
+Every request then carries that adapter. Plain weights (a full-weight run, or ``nccl`` sync,
+which sends the merged weights of the adapted modules) are reloaded into the base as before, and
+drop the adapter.
+
 Every vLLM name used here is checked against an installed release by
 ``noxfile.py``'s ``vllm_api`` session (vLLM installed in its own environment, import only).
 Starting engines (engine arguments, placement, start failures) is :mod:`.vllm_start`.
@@ -72,6 +81,11 @@ VLLM_API = {
     ],
     "AsyncEngineArgs": [
         "model",
+        "enable_lora",
+        "max_lora_rank",
+        "max_loras",
+        "max_cpu_loras",
+        "fully_sharded_loras",
         "tensor_parallel_size",
         "gpu_memory_utilization",
         "dtype",
@@ -86,13 +100,40 @@ VLLM_API = {
         "worker_extension_cls",
         "logprobs_mode",
     ],
-    "AsyncLLMEngine": ["from_engine_args", "generate", "collective_rpc", "reset_prefix_cache", "shutdown"],
+    "AsyncLLMEngine": [
+        "from_engine_args",
+        "generate",
+        "collective_rpc",
+        "reset_prefix_cache",
+        "shutdown",
+        "add_lora",
+    ],
+    "LoRARequest": ["lora_name", "lora_int_id", "lora_path", "load_inplace"],
     # Attributes of the GPU worker that WeightUpdateExtension (mixed into it) reads.
     "Worker": ["rank", "device", "model_runner", "reload_weights"],
     "RequestOutput": ["prompt_token_ids", "outputs", "finished", "prompt_logprobs"],
     "CompletionOutput": ["token_ids", "text", "logprobs", "finish_reason"],
     "Logprob": ["logprob"],
 }
+
+
+#: The id and name of the one adapter a LoRA run serves (reloaded in place at every sync).
+LORA_ID = 1
+LORA_NAME = "trinity-lora"
+
+
+def adapter_folder(path: str) -> str | None:
+    """The PEFT adapter folder of a checkpoint path (its weights folder, ``huggingface/``, or
+    the ``global_step_N`` folder above it), or ``None`` when it holds none (a full-weight run)."""
+    import os
+
+    from trinity.trainer.lora import ADAPTER_DIR
+
+    for folder in (path, os.path.dirname(os.path.normpath(path))):
+        candidate = os.path.join(folder, ADAPTER_DIR)
+        if os.path.isfile(os.path.join(candidate, "adapter_config.json")):
+            return candidate
+    return None
 
 
 def sampling_params_kwargs(args: SamplingArgs) -> dict[str, Any]:
@@ -177,6 +218,10 @@ class VLLMEngineActor:
     processes print (:class:`OutputTail`) and picks the first error among them.
     """
 
+    lora_enabled = False  # started with enable_lora (model.lora_configs)
+    _lora: Any = None  # the LoRARequest every request carries, once an adapter was synced
+    _lora_dir: str | None = None  # the folder of the adapter served from a memory sync
+
     def __init__(self, engine_kwargs: dict[str, Any]) -> None:
         import vllm
 
@@ -187,6 +232,7 @@ class VLLMEngineActor:
         }
         # processed_logprobs (our default) are renormalised over what top-k / top-p keep.
         self.logprobs_renormalised = engine_kwargs.get("logprobs_mode") == "processed_logprobs"
+        self.lora_enabled = bool(engine_kwargs.get("enable_lora"))
         try:
             self.engine = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**engine_kwargs))
         except Exception as exc:
@@ -203,7 +249,8 @@ class VLLMEngineActor:
 
         params = vllm.SamplingParams(**params_kwargs, output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
-        async for out in self.engine.generate({"prompt_token_ids": prompt_ids}, params, str(next(self._ids))):
+        request = {"prompt_token_ids": prompt_ids}
+        async for out in self.engine.generate(request, params, str(next(self._ids)), lora_request=self._lora):
             final = out
         if final is None or not final.finished:
             raise RuntimeError("vLLM ended a request without a finished output")
@@ -230,20 +277,67 @@ class VLLMEngineActor:
         """Reload from a state dict in :func:`trinity.sync.memory.to_wire` form: written once to
         a shared-memory safetensors file that the workers read (see
         :class:`WeightUpdateExtension` for why not through ``collective_rpc``)."""
+        import shutil
+
+        from trinity.sync.lora_weights import split_adapter_weights, write_peft_adapter
         from trinity.sync.memory import from_wire
 
-        folder = shared_memory_dir()
-        try:
-            path = save_safetensors(from_wire(wire).items(), folder)
-            await self.engine.collective_rpc("trinity_load_file", args=(path,))
-        finally:
-            import shutil
-
-            shutil.rmtree(folder, ignore_errors=True)
+        plain, adapter = split_adapter_weights(from_wire(wire))
+        if adapter:
+            folder = shared_memory_dir()
+            try:
+                write_peft_adapter(adapter, folder)
+                await self._serve_adapter(folder)
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            previous, self._lora_dir = self._lora_dir, folder
+            if previous:
+                shutil.rmtree(previous, ignore_errors=True)
+        if plain:
+            folder = shared_memory_dir()
+            try:
+                path = save_safetensors(plain.items(), folder)
+                await self.engine.collective_rpc("trinity_load_file", args=(path,))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            if not adapter:
+                self._drop_adapter()  # merged weights: the base now holds what the adapter added
         await self._weights_changed()
 
+    async def _serve_adapter(self, folder: str) -> None:
+        """Load the PEFT adapter in ``folder`` (in place of the one served so far) and serve it."""
+        if not self.lora_enabled:
+            raise RuntimeError(
+                "vLLM engine: a LoRA adapter arrived, but the engine was started without enable_lora "
+                "(it is set from model.lora_configs)"
+            )
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest(LORA_NAME, LORA_ID, folder, load_inplace=True)
+        await self.engine.add_lora(request)
+        self._lora = request
+
+    def _drop_adapter(self) -> None:
+        import shutil
+
+        self._lora = None
+        if self._lora_dir:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
+            self._lora_dir = None
+
     async def load_checkpoint(self, path: str) -> None:
-        await self.engine.collective_rpc("trinity_load_checkpoint", args=(path,))
+        adapter = adapter_folder(path) if self.lora_enabled else None
+        if adapter is not None:  # a LoRA checkpoint: serve its adapter over the base weights
+            await self._serve_adapter(adapter)
+            previous, self._lora_dir = self._lora_dir, None
+            if previous:
+                import shutil
+
+                shutil.rmtree(previous, ignore_errors=True)
+        else:
+            await self.engine.collective_rpc("trinity_load_checkpoint", args=(path,))
+            self._drop_adapter()
         await self._weights_changed()
 
     async def weight_sync_devices(self) -> list[str]:
@@ -265,6 +359,7 @@ class VLLMEngineActor:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.shutdown()
+        self._drop_adapter()
 
 
 class VLLMEngine(RolloutEngine):

@@ -101,7 +101,9 @@ def engine_kwargs(config: InferenceModelConfig, *, on_cpu: bool = False) -> dict
     set them (``docs/gpu.md``): eager mode (``torch.compile`` of a decoder takes minutes on a
     few cores), a fixed KV cache (:data:`CPU_KV_CACHE_BYTES`) and no chunked prefill (its
     sampler raises ``CPU Generator does not use offset`` when a seeded request's prompt is
-    split over two steps; every rollout request is seeded). ``extra_engine_args`` wins over all.
+    split over two steps; every rollout request is seeded). With ``enable_lora`` (set from
+    ``model.lora_configs``) vLLM serves the adapter: ``enable_lora`` and ``lora_kwargs``
+    (``max_lora_rank``, ``max_loras``, ...). ``extra_engine_args`` wins over all.
     """
     kwargs: dict[str, Any] = {
         "model": config.model_path,
@@ -132,6 +134,9 @@ def engine_kwargs(config: InferenceModelConfig, *, on_cpu: bool = False) -> dict
                 "on seeded requests whose prompt is split over two steps (every rollout is seeded)"
             )
         kwargs["enable_chunked_prefill"] = False
+    if config.enable_lora:
+        # The trained adapter is served as vLLM's LoRA adapter (set from model.lora_configs).
+        kwargs.update(enable_lora=True, **config.lora_kwargs)
     return {**kwargs, **config.extra_engine_args}
 
 

@@ -8,6 +8,9 @@ engine folds them in with :class:`AdapterMerger`: ``W = W_base + B @ A``, from t
 of its model folder (read once, kept on the CPU), never from its current weights, which already
 hold an earlier adapter (or a merged checkpoint after a resume). The other names of a sync are
 plain weights, loaded as they are.
+
+vLLM serves the adapter itself instead (``enable_lora``): :func:`write_peft_adapter` writes the
+halves as a PEFT adapter folder, which its engine loads as a LoRA adapter.
 """
 
 from __future__ import annotations
@@ -94,4 +97,57 @@ class AdapterMerger:
         return merged
 
 
-__all__ = ["LORA_A", "LORA_B", "AdapterMerger", "is_adapter_name", "split_adapter_weights"]
+PEFT_PREFIX = "base_model.model."  # PEFT's prefix of the adapted module names in a saved adapter
+
+
+def write_peft_adapter(adapters: Mapping[str, torch.Tensor], folder: str) -> int:
+    """Write the adapter halves of a sync into ``folder`` as a PEFT LoRA adapter
+    (``adapter_config.json`` and ``adapter_model.safetensors``, what vLLM's ``LoRARequest``
+    loads) and return its rank. ``B`` comes pre-scaled, so the adapter's ``lora_alpha`` is its
+    rank (scale 1)."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    modules = sorted(
+        {n[: -len(LORA_A)] for n in adapters if n.endswith(LORA_A)}
+        | {n[: -len(LORA_B)] for n in adapters if n.endswith(LORA_B)}
+    )
+    lonely = [m for m in modules if f"{m}{LORA_A}" not in adapters or f"{m}{LORA_B}" not in adapters]
+    if lonely:
+        raise ValueError(f"LoRA sync: module {lonely[0]!r} came with only one of lora_A and lora_B")
+    ranks = {int(adapters[f"{m}{LORA_A}"].shape[0]) for m in modules}
+    if len(ranks) != 1:
+        raise ValueError(
+            f"LoRA sync: the adapted modules have different ranks {sorted(ranks)}; one rank is served"
+        )
+    (rank,) = ranks
+    tensors = {f"{PEFT_PREFIX}{name}": t.detach().cpu().contiguous() for name, t in adapters.items()}
+    save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": rank,
+        "target_modules": modules,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+    }
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        json.dump(config, f)
+    return rank
+
+
+__all__ = [
+    "LORA_A",
+    "LORA_B",
+    "AdapterMerger",
+    "is_adapter_name",
+    "split_adapter_weights",
+    "write_peft_adapter",
+]

@@ -7,10 +7,11 @@ With one entry in ``model.lora_configs`` the native trainer wraps its model in a
 - the reference log-probs come from the same model with the adapter disabled
   (:func:`adapter_disabled`): no second copy of the model;
 - weight sync (:func:`sync_weights`) sends only what the adapter changes (the other weights are
-  the frozen base the rollout engines loaded from ``model.model_path``): to the transformers
-  engine the adapter alone (each module's ``A`` and scaled ``B``, which the engine folds into its
-  base weights, :mod:`trinity.sync.lora_weights`), to vLLM, which serves no adapters here, the
-  merged weights ``W + scale * B @ A`` of the adapted modules under the base model's names;
+  the frozen base the rollout engines loaded from ``model.model_path``): the adapter alone (each
+  module's ``A`` and scaled ``B``, :mod:`trinity.sync.lora_weights`), which the transformers
+  engine folds into its base weights and vLLM serves as its LoRA adapter; over ``nccl`` to vLLM,
+  whose workers reload plain weights only, the merged weights ``W + scale * B @ A`` of the
+  adapted modules under the base model's names;
 - a checkpoint holds the adapter (``adapter/``, PEFT's format, what resume reads) and a merged
   export (``huggingface/``: the full model with the adapter folded in, what checkpoint sync,
   ``trinity convert`` and ``from_pretrained`` read).

@@ -111,9 +111,12 @@ class NativeTrainer:
             from trinity.rollout import resolve_engine_type
 
             self.model = lora_mod.apply_lora(self.model, self.lora)
-            # The transformers engine folds adapters in itself; vLLM serves none here: merged.
+            # The transformers engine folds adapters in itself and vLLM serves them as its LoRA
+            # adapter; over nccl vLLM's workers reload plain weights only: merged ones.
             engine = resolve_engine_type(config.explorer.rollout_model.engine_type)
-            self.sync_adapter_only = engine == "transformers"
+            self.sync_adapter_only = engine == "transformers" or (
+                engine == "vllm" and config.synchronizer.sync_method != "nccl"
+            )
         self.model.to(self.device).train()
         if t.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()

@@ -150,7 +150,17 @@ class InferenceModelConfig(Section):
     enable_return_routed_experts: bool = F(
         False, "Return MoE routing decisions with each rollout. Has no effect in this version."
     )
-    enable_lora: bool = derived(False, "Set from `model.lora_configs`. Has no effect in this version.")
+    enable_lora: bool = derived(
+        False,
+        "Set from `model.lora_configs`: the rollout engine serves the trained LoRA adapter (vLLM: its "
+        "LoRA support; transformers: folded into the weights).",
+    )
+    lora_kwargs: dict[str, Any] = derived(
+        {},
+        "vLLM's LoRA engine arguments, set from `model.lora_configs` (`max_lora_rank`: the adapter's rank "
+        "rounded up to a rank vLLM accepts; `max_loras`: 1) and `model.max_cpu_loras` / "
+        "`model.fully_sharded_loras`; keys given here win.",
+    )
     rope_scaling: dict[str, Any] | None = derived(
         None, "Set from `model.rope_scaling`. Has no effect in this version."
     )

@@ -106,10 +106,11 @@ class ModelConfig(Section):
     enable_thinking: bool | None = F(None, "Turn thinking on or off in chat templates that support it.")
     lora_configs: list[LoRAConfig] | None = F(None, "LoRA adapters to train instead of full weights.")
     fully_sharded_loras: bool = F(
-        False, "Shard LoRA weights across tensor-parallel ranks (vLLM). Has no effect in this version."
+        False,
+        "Shard LoRA weights across tensor-parallel ranks (vLLM serving the adapter; in its `lora_kwargs`).",
     )
     max_cpu_loras: int | None = F(
-        None, "LoRA adapters kept in CPU memory (vLLM). Has no effect in this version.", ge=1
+        None, "LoRA adapters kept in CPU memory (vLLM serving the adapter; in its `lora_kwargs`).", ge=1
     )
     rope_scaling: dict[str, Any] | None = F(
         None, "RoPE scaling override passed to the model config. Has no effect in this version."
