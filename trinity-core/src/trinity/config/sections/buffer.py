@@ -29,8 +29,14 @@ class FormatConfig(Section):
     )
     messages_key: str = F("message", "Column holding the message list (messages).")
     tools_key: str = F("tools", "Column holding tool definitions (a list of dicts).")
-    image_key: str | None = F(None, "Column holding images (multi-modal).")
-    video_key: str | None = F(None, "Column holding videos (multi-modal).")
+    image_key: str | None = F(
+        None,
+        "Column holding a row's images: one or a list, each a file path, base64 (or a data URI), bytes or a {bytes, path} mapping; read by simple_mm_workflow and by SFT rows (Qwen2-VL-class models).",
+    )
+    video_key: str | None = F(
+        None,
+        "Column holding a row's videos (simple_mm_workflow puts them in the prompt; the rollout engines refuse videos for now).",
+    )
     reply_prefix: str | None = F(None, "Text prepended to the assistant reply.")
     workflow_key: str = F("", "Column naming a per-row workflow type.")
     reward_fn_key: str = F("", "Column naming a per-row reward function.")
