@@ -251,3 +251,20 @@ def test_sft_rows_with_images_carry_them_and_their_pixels(vlm_path, tmp_path):
     assert torch.equal(exp.multi_modal_inputs["pixel_values"], pixels["pixel_values"])
     assert proc.image_pad_id in exp.tokens[: exp.prompt_length].tolist()
     assert proc.tokenizer.decode(exp.tokens[exp.prompt_length :].tolist()).startswith("green")
+
+
+def test_engines_without_image_support_refuse_chats_with_images():
+    from trinity.rollout.base import RolloutEngine
+    from trinity.testing.tiny_model import build_tokenizer
+
+    class TextEngine(RolloutEngine):  # what the vLLM engine is to a chat: the base class's path
+        def generate_tokens(self, prompts, args):
+            raise AssertionError("never sampled")
+
+        logprobs = update_weights = load_checkpoint = generate_tokens
+
+    engine = TextEngine(build_tokenizer())
+    with pytest.raises(ValueError, match="TextEngine does not take images") as info:
+        engine.chat([build_mm_message("<image>n?", [png((1, 1, 1))])])
+    assert "engine_type: transformers" in str(info.value) and "\n" not in str(info.value)
+    assert engine.apply_chat_template([{"role": "user", "content": "hi"}]).endswith("assistant\n")

@@ -244,6 +244,14 @@ class RolloutEngine(ABC):
         tool support, e.g. Qwen's, put them in the system prompt); ``chat_template_kwargs`` are
         further template variables, overriding ``enable_thinking`` for this call.
         """
+        from trinity.multimodal import has_multi_modal_content
+
+        if has_multi_modal_content(messages):
+            # Engines that take images (the transformers engine) handle such chats before this.
+            raise ValueError(
+                f"{type(self).__name__} does not take images (vLLM's CPU build cannot serve Qwen2-VL "
+                "here); use explorer.rollout_model.engine_type: transformers for chats with images"
+            )
         kwargs: dict[str, Any] = {"tokenize": False, "chat_template": self.chat_template}
         if messages and messages[-1].get("role") == "assistant":
             kwargs["continue_final_message"] = True
