@@ -307,10 +307,33 @@ class MultiModalProcessor:
         return "".join(out)
 
 
+class ProcessorFiles:
+    """A checkpoint's processor files: the tokenizer and, for vision-language models, the image
+    processor, saved together (``save_pretrained``) so a checkpoint of a Qwen2-VL loads like the
+    original folder (``AutoImageProcessor`` included).
+
+    Args:
+        model_path: the original checkpoint, where the image processor is read from.
+        tokenizer: the tokenizer to save.
+    """
+
+    def __init__(self, model_path: str | Path, tokenizer: Any) -> None:
+        from transformers import AutoImageProcessor
+
+        self.tokenizer = tokenizer
+        self.image_processor = AutoImageProcessor.from_pretrained(model_path)
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Save the tokenizer and the image processor in ``path``."""
+        self.tokenizer.save_pretrained(path)
+        self.image_processor.save_pretrained(path)
+
+
 __all__ = [
     "IMAGE_PAD",
     "ImageError",
     "MultiModalProcessor",
+    "ProcessorFiles",
     "auto_model_class",
     "build_mm_message",
     "concat_mm_inputs",

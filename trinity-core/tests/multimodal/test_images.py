@@ -211,6 +211,11 @@ def test_engine_samples_from_images_and_the_trainer_steps_on_them(vlm_path, tmp_
     changed = {k for k, v in trainer.model.state_dict().items() if not torch.equal(v, before[k])}
     assert any(k.startswith("model.visual.") for k in changed)  # the gradient reached the vision tower
     assert any(k.startswith("model.language_model.") for k in changed)
+    # A checkpoint loads like the original folder: weights, tokenizer and image processor.
+    saved = trainer.save_checkpoint()
+    ids, pixels, _, _ = MultiModalProcessor(saved).encode(chat)
+    assert ids == exps[0].tokens[: exps[0].prompt_length].tolist()
+    assert torch.equal(pixels["pixel_values"], exps[0].multi_modal_inputs["pixel_values"])
 
 
 def test_sft_rows_with_images_carry_them_and_their_pixels(vlm_path, tmp_path):

@@ -73,7 +73,7 @@ class NativeTrainer:
     def __init__(self, config: Config, *, device: str | None = None, total_steps: int | None = None) -> None:
         from transformers import AutoTokenizer
 
-        from trinity.multimodal import auto_model_class
+        from trinity.multimodal import ProcessorFiles, auto_model_class, is_vision_model
 
         self.config = config
         t, algo = config.trainer, config.algorithm
@@ -100,6 +100,11 @@ class NativeTrainer:
         # adapter in float32 (PEFT's default).
         # Vision-language checkpoints (Qwen2-VL) load with AutoModelForImageTextToText.
         self.model_class = auto_model_class(model_path, trust)
+        # What checkpoints save besides the weights: for a vision-language model, its image
+        # processor too, so that a checkpoint loads like the original folder.
+        self.processor_files: Any = self.tokenizer
+        if is_vision_model(model_path, trust):
+            self.processor_files = ProcessorFiles(model_path, self.tokenizer)
         self.model = self.model_class.from_pretrained(
             model_path,
             dtype=self.compute_dtype if self.lora else torch.float32,
@@ -383,7 +388,7 @@ class NativeTrainer:
             self.config.job_dir,
             step,
             model=self.model,
-            tokenizer=self.tokenizer,
+            tokenizer=self.processor_files,
             state=state,
             critic=self.critic,
             max_to_keep=keep,
