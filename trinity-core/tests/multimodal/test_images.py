@@ -216,6 +216,9 @@ def test_engine_samples_from_images_and_the_trainer_steps_on_them(vlm_path, tmp_
     ids, pixels, _, _ = MultiModalProcessor(saved).encode(chat)
     assert ids == exps[0].tokens[: exps[0].prompt_length].tolist()
     assert torch.equal(pixels["pixel_values"], exps[0].multi_modal_inputs["pixel_values"])
+    engine.load_checkpoint(saved, 1)  # checkpoint sync: the engine now holds the trained weights
+    trained = trainer.model.state_dict()
+    assert all(torch.equal(v, trained[k]) for k, v in engine.model.state_dict().items())
 
 
 def test_sft_rows_with_images_carry_them_and_their_pixels(vlm_path, tmp_path):

@@ -133,7 +133,8 @@ class WeightLoading:
         self._weight_receiver.close()
 
     def load_checkpoint(self, path: str | Path, version: int) -> None:
-        from transformers import AutoModelForCausalLM
+        from trinity.multimodal import auto_model_class
 
-        loaded = self._on_compute_thread(lambda: AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype))
+        model_class = auto_model_class(path)  # AutoModelForImageTextToText for a Qwen2-VL
+        loaded = self._on_compute_thread(lambda: model_class.from_pretrained(path, dtype=self.dtype))
         self.update_weights(loaded.state_dict(), version)
