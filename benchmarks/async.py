@@ -9,15 +9,16 @@ native trainer, memory weight sync) runs four times:
    workflow wrapper from a ``--plugin-dir`` written by this script), ``over_rollout`` off
    against on (``ratio 0.2``: a step goes on once four tasks of five finished, and drops the
    slow one). Both with ``sync_style: explorer_driven`` (over_rollout needs a dynamic style);
-3. over_rollout on with partial rollouts (``partial_rollout: true``): the slow task is carried
-   into the next step and finishes there under the new weights instead of being dropped.
+3. over_rollout on with partial rollouts (``partial_rollout: true``, ``max_staleness: 4``): the
+   slow task is carried over the following steps and finishes in one of them under newer weights
+   instead of being dropped (dropped for staleness only past 4 versions).
 
 Times are the launcher's step loop only (actor start-up and model loading excluded).
 
     python benchmarks/async.py [--steps 8] [--slow-s 2]
 
 Prints, per run, trainer steps/s and experiences/s (tasks dropped and, with partial rollouts,
-resumed), and the ratios offset 1 / offset 0, over_rollout on / off and partial rollouts /
+resumed and dropped for staleness), and the ratios offset 1 / offset 0, over_rollout on / off and partial rollouts /
 dropping.
 """
 
@@ -75,7 +76,7 @@ explorer:
   eval_interval: 1000
   eval_on_startup: false
   runner_per_model: 5
-  over_rollout: {{ratio: {ratio}, wait_after_min: 0, partial_rollout: {partial}}}
+  over_rollout: {{ratio: {ratio}, wait_after_min: 0, partial_rollout: {partial}, max_staleness: 4}}
   rollout_model: {{engine_type: transformers, engine_num: 1, dtype: float32, seed: 1}}
 synchronizer: {{sync_method: memory, sync_style: {style}, sync_interval: 1, sync_offset: {offset}}}
 trainer: {{trainer_type: native, save_interval: 0, dtype: float32}}
@@ -109,9 +110,8 @@ def run_job(root: Path, name: str, steps: int, **params: object) -> dict[str, fl
         seen["dropped"] = seen.get("dropped", 0.0) + float(
             metrics.get("rollout/over_rollout/dropped_tasks", 0.0)
         )
-        seen["resumed"] = seen.get("resumed", 0.0) + float(
-            metrics.get("rollout/partial_rollout/resumed_tasks", 0.0)
-        )
+        for key, name in (("resumed_tasks", "resumed"), ("stale_dropped_tasks", "stale")):
+            seen[name] = seen.get(name, 0.0) + float(metrics.get(f"rollout/partial_rollout/{key}", 0.0))
         return explored(self, result)
 
     loop_cls.run, loop_cls.explored = timed_run, counting
@@ -128,6 +128,7 @@ def run_job(root: Path, name: str, steps: int, **params: object) -> dict[str, fl
         "seconds": seconds,
         "dropped": seen.get("dropped", 0.0),
         "resumed": seen.get("resumed", 0.0),
+        "stale": seen.get("stale", 0.0),
     }
 
 
@@ -162,11 +163,11 @@ def main() -> None:
         "tail_partial": run_job(root, "tail_partial", args.steps, ratio=0.2, partial="true", **tail),
     }
     print()
-    print(f"{'run':<16}{'loop s':>9}{'steps/s':>10}{'exps/s':>10}{'dropped':>9}{'resumed':>9}")
+    print(f"{'run':<16}{'loop s':>9}{'steps/s':>10}{'exps/s':>10}{'dropped':>9}{'resumed':>9}{'stale':>7}")
     for name, r in runs.items():
         print(
             f"{name:<16}{r['seconds']:>9.1f}{r['steps_per_s']:>10.3f}{r['exps_per_s']:>10.2f}{r['dropped']:>9.0f}"
-            f"{r['resumed']:>9.0f}"
+            f"{r['resumed']:>9.0f}{r['stale']:>7.0f}"
         )
     print()
     ratio = runs["offset1"]["steps_per_s"] / runs["offset0"]["steps_per_s"]

@@ -1,7 +1,8 @@
 """End to end: `trinity run` with partial rollouts (``explorer.over_rollout.partial_rollout``) on
-CPU: a step ends without its slow task (one in four sleeps before answering, a ``--plugin-dir``
-workflow), which is carried over the weight sync, resumed and finished in the next step under
-the new weights; the experiences carry their per-token versions through the SQL buffer."""
+CPU: a step ends without its slow task (one in four waits for the next weights before answering,
+a ``--plugin-dir`` workflow), which is carried over the weight sync, resumed and finished in the
+next step (``wait_after_min`` gives it the time) under the new weights; the experiences carry
+their per-token versions through the SQL buffer."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from trinity_math.workflows import MathWorkflow
 
 class SlowMath(MathWorkflow):
     def run(self):
-        if self.task.index % 4 == 0:
-            time.sleep(1.5)
+        if self.task.index % 4 == 0 and not self.task.is_eval:  # waits for new weights: cut, carried
+            start, deadline = self.model.model_version, time.monotonic() + 30
+            while self.model.model_version == start and time.monotonic() < deadline:
+                time.sleep(0.05)
         return super().run()
 
 
@@ -51,13 +54,13 @@ def test_a_cut_task_resumes_in_the_next_step(tmp_path, math_job, trinity_run):
         },
         explorer={
             "runner_per_model": 4,
-            "over_rollout": {"ratio": 0.25, "wait_after_min": 0, "partial_rollout": True, "max_staleness": 2},
+            "over_rollout": {"ratio": 0.25, "wait_after_min": 4, "partial_rollout": True, "max_staleness": 2},
         },
         synchronizer={
             "sync_method": "memory",
             "sync_style": "explorer_driven",
             "sync_interval": 1,
-            "sync_offset": 1,
+            "sync_offset": 0,
         },
     )
     trinity_run(write_job(root / "job.yaml", config), "--plugin-dir", str(plugins))

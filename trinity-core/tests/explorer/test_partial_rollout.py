@@ -96,8 +96,8 @@ def test_a_carried_task_keeps_its_runner_and_tasks_never_started_are_dropped(gat
 def test_stale_carried_tasks_are_dropped_and_the_rest_kept(gate):
     pool = _pool()
     pool.run_tasks([_task(0), _task(1, gate="slow")], min_finished=1, carry=True, version=0)
-    # The carried task comes on top: this step waits for 1 + 1 tasks (2 and 4).
-    pool.run_tasks([_task(2), _task(4), _task(3, gate="slow")], min_finished=1, carry=True, version=1)
+    # Task 3 starts (two runners are free) and is carried too; task 2 finishes the step.
+    pool.run_tasks([_task(3, gate="slow"), _task(2)], min_finished=1, carry=True, version=1)
     assert sorted(c.started_version for c in pool.carried) == [0, 1]
     # At version 2 with a bound of 1 version, the task started under version 0 is too old.
     stale = pool.drop_stale(2, max_staleness=1)
@@ -153,8 +153,10 @@ class PausingEngine:
 
 
 def _yaml(tmp_path, ratio=0.5, partial=True, max_staleness=1):
-    # Step 1: task 1 is cut and carried. Step 2: task 3 never finishes in the test.
-    rows = [{"q": "0", "a": "0"}, {"q": "1", "a": "0", "gate": "slow"}, {"q": "2", "a": "0"}]
+    # Step 1: task 1 is cut and carried. Step 2: task 3 never finishes in the test, and task 2
+    # only where the carried task is dropped (else the resumed task alone ends the step).
+    rows = [{"q": "0", "a": "0"}, {"q": "1", "a": "0", "gate": "slow"}]
+    rows.append({"q": "2", "a": "0", **({"gate": "never"} if max_staleness else {})})
     rows.append({"q": "3", "a": "0", "gate": "never"})
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     path = tmp_path / "job.yaml"
@@ -185,10 +187,11 @@ def test_the_explorer_carries_a_cut_task_over_a_sync_and_counts_it(tmp_path, gat
         config = load_config(_yaml(tmp_path, max_staleness=max_staleness))
         writer, engine = ListWriter(), PausingEngine()
         explorer = Explorer(config, engines=[engine], writer=writer)
+        explorer.sync_weights({}, version=1)  # the task starts under version 1
         first = explorer.explore_step()
         assert first["rollout/partial_rollout/carried_tasks"] == 1.0 and engine.calls == ["pause"]
         assert "rollout/over_rollout/dropped_tasks" not in first  # carried, not dropped
-        explorer.sync_weights({}, version=1)  # the sync point: resumes, or drops the stale task
+        explorer.sync_weights({}, version=2)  # the sync point: resumes, or drops the stale task
         assert engine.calls == ["pause", "resume"]
         gate.set()
         second = explorer.explore_step()
@@ -197,13 +200,14 @@ def test_the_explorer_carries_a_cut_task_over_a_sync_and_counts_it(tmp_path, gat
         assert second["rollout/partial_rollout/resumed_tasks"] == 1.0
         assert second["rollout/partial_rollout/stale_dropped_tasks"] == 0.0
         resumed = [e for e in writer.written if e.eid.batch == 2 and e.token_versions is not None]
-        # Its tokens were sampled under version 0 and written under version 1.
+        # Sampled under version 1 (the workflow's own Experience says 0: not older than its
+        # task), written under version 2.
         assert (
-            len(resumed) == 1 and resumed[0].token_versions.tolist() == [0] and resumed[0].model_version == 1
+            len(resumed) == 1 and resumed[0].token_versions.tolist() == [1] and resumed[0].model_version == 2
         )
         assert second["rollout/partial_rollout/token_version_lag_max"] == 1.0
-        # Step 2 wrote task 2 (one token, lag 0) and the resumed task (one token, lag 1).
-        assert second["rollout/partial_rollout/token_version_lag_mean"] == 0.5
+        assert second["rollout/partial_rollout/token_version_lag_mean"] == 1.0  # all it wrote
+        assert second["rollout/partial_rollout/carried_tasks"] == 2.0  # tasks 2 and 3
     else:
         assert second["rollout/partial_rollout/resumed_tasks"] == 0.0
         assert second["rollout/partial_rollout/stale_dropped_tasks"] == 1.0

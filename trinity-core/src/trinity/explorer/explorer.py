@@ -425,10 +425,10 @@ class Explorer:
                 label = exp.eid.task
                 exp.eid.task = f"{position}{label}" if isinstance(label, str) and label else position
                 if result.resumed and exp.token_versions is None:
-                    # Sampled before the sync point (say, an earlier turn): it keeps its version.
-                    exp.token_versions = torch.full(
-                        (exp.response_length,), exp.model_version, dtype=torch.long
-                    )
+                    # Sampled in one go (say, an earlier turn, before the sync point): it keeps its
+                    # version; never older than the task (a workflow's own Experience says 0).
+                    sampled = max(exp.model_version, result.started_version or 0)
+                    exp.token_versions = torch.full((exp.response_length,), sampled, dtype=torch.long)
                 exp.model_version = version
                 exp.info.setdefault("taskset", result.task.taskset_name)
                 exp.info.setdefault("task_index", result.task.index)

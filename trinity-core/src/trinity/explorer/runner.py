@@ -454,8 +454,8 @@ class RunnerPool:
         ``wait_after_min`` more seconds; those still unfinished come back ``cancelled``.
         ``observe``: the durations count for the dynamic timeout (training tasks, not eval).
         ``carry`` (partial rollouts; call it on :meth:`run_tasks`' loop): the tasks carried from
-        earlier steps run too (their results follow those of ``tasks``, ``resumed``; the step
-        then waits for ``min_finished`` plus their number), and the started tasks still unfinished at the end are carried
+        earlier steps run too (their results follow those of ``tasks``, ``resumed``, and count
+        towards ``min_finished``), and the started tasks still unfinished at the end are carried
         on (started under model ``version``) instead of cancelled; they are not in the results.
         """
         if carry:
@@ -520,8 +520,9 @@ class RunnerPool:
         running: dict[int, tuple[WorkflowRunner, asyncio.Future, Task]] = {}
         enough = asyncio.Event()
         dynamic = self.dynamic_timeout if observe else None
-        # Carried tasks come on top of the batch: the step waits for as many as without them.
-        goal = min(len(results), min_finished + len(carried)) if min_finished is not None else len(results)
+        # Carried tasks count like the step's own: it goes on once ``min_finished`` of them all
+        # finished (as with dropping; a task still slow is carried again, up to max_staleness).
+        goal = min(len(results), min_finished) if min_finished is not None else len(results)
 
         def finished(i: int, result: TaskResult) -> None:
             results[i] = result
