@@ -44,3 +44,29 @@ def test_mix_losses_get_the_split_from_resolution_not_from_check_config():
     before = config.model_dump()
     get_component("algorithm_type", "mix").check_config(config)
     assert config.model_dump() == before  # check_config validates only
+
+
+def test_mix_counts_explore_steps_by_the_rollout_share_of_a_batch():
+    """Trinity-RFT's mix_vlm: train_batch_size 320 = 256 rollouts (32 tasks x 8) + 64 expert rows
+    (expert_data_ratio 0.2): one explore step fills one train step, the expert rows come from the
+    auxiliary buffer. Counting all 320 as rollouts would make a train step wait for 1.25 explore
+    steps (and a sync_interval 1 job wait on itself)."""
+    for algorithm_type, ratio, expected in (("mix_chord", 0.2, 1.0), ("mix", 0.2, 1.0), ("mix", None, 0.625)):
+        sample_args = {} if ratio is None else {"expert_data_ratio": ratio}  # default ratio: 0.5
+        config = resolve_config(
+            Config(
+                model={"model_path": "m", "max_model_len": 64},
+                algorithm={"algorithm_type": algorithm_type, "sample_strategy_args": sample_args},
+                buffer={
+                    "batch_size": 32,
+                    "train_batch_size": 320,
+                    **TASKSETS,
+                    "trainer_input": {"auxiliary_buffers": {"sft_dataset": {"path": "sft.jsonl"}}},
+                },
+            )
+        )
+        g = config.geometry
+        assert g.experiences_per_train_step == 320 and g.rollouts_per_explore_step == 256
+        assert g.explore_steps_per_train_step == expected, algorithm_type
+    # An algorithm that reads its whole batch from the explorer is unchanged.
+    assert resolved(train_batch_size=24).geometry.explore_steps_per_train_step == 2.0

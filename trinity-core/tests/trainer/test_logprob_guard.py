@@ -219,3 +219,25 @@ def test_what_the_engines_record_decides_whether_top_k_and_top_p_explain_it(make
     assert "0.7 (the experiences' info" in vllm[0]
     full_softmax = likely_causes(config, [{"rollout_args": sampled.applied(False)}], "float32")
     assert [c.split(":")[0] for c in full_softmax] == ["temperature"]
+
+
+def test_expert_rows_are_left_out_of_the_agreement():
+    """mix's expert rows have no engine log-probs (zeros): comparing them would report their
+    whole SFT loss as an engine/trainer mismatch."""
+    import torch
+
+    from trinity.trainer.metrics import logprob_agreement
+
+    old = torch.tensor([[-0.5, -0.7], [-3.0, -4.0]])
+    batch = {
+        "has_rollout_logprobs": True,
+        "old_logprob": old,
+        "rollout_logprobs": torch.tensor([[-0.5, -0.6], [0.0, 0.0]]),
+        "action_mask": torch.ones(2, 2),
+        "expert_mask": torch.tensor([False, True]),
+    }
+    found = logprob_agreement(batch)
+    assert found["rollout/logprob_diff/max"] == pytest.approx(0.1)
+    assert found["rollout/logprob_diff/mean"] == pytest.approx(0.05)
+    batch["expert_mask"] = torch.tensor([False, False])  # as before: the expert row dominates
+    assert logprob_agreement(batch)["rollout/logprob_diff/max"] == pytest.approx(4.0)

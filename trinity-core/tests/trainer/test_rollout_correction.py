@@ -220,6 +220,30 @@ def test_rejection_removes_tokens_from_the_loss_mask(config_factory):
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(2 / 16)
 
 
+def test_expert_rows_are_neither_weighted_nor_rejected_nor_measured(config_factory):
+    """mix's expert (SFT) rows carry no engine log-probs: the correction leaves them alone."""
+    config = config_factory(
+        {
+            **GRPO,
+            "rollout_correction": {
+                "rollout_is": "token",
+                "rollout_is_threshold": 2.0,
+                "rollout_rs": "token_k1",
+                "rollout_rs_threshold": 2.0,
+            },
+        }
+    )
+    experiences = make_experiences(4)
+    for e in experiences[:2]:  # the rows whose ratios (0.5, 3.0) the correction would touch
+        e.info["is_expert"] = True
+    backend = _Backend(config, STEP_RATIOS)
+    metrics = train_step(backend, experiences)
+    actor = backend.actor_batch()
+    torch.testing.assert_close(actor.action_mask, torch.ones_like(actor.action_mask))
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+    assert metrics["rollout_corr/rollout_is_max"] == pytest.approx(1.0)  # rollout rows: ratio 1
+
+
 class _WeightedLoss(PolicyLossFn):
     """Declares ``rollout_is_weights``: it applies them itself (veRL's convention)."""
 

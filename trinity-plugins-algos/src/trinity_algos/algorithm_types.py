@@ -81,6 +81,18 @@ def _mix_batch_sizes(config: Config) -> dict[str, dict[str, Any]]:
     return {"policy_loss_fn_args": {"train_batch_size_usual": usual, "train_batch_size_expert": expert}}
 
 
+def _mix_explored(config: Config) -> int:
+    """Rollout rows of a ``mix`` sampled batch (the rest are expert rows): what the explorer
+    must supply per train step."""
+    from trinity_algos.sample_strategy import mix_split
+
+    train_batch_size = config.buffer.train_batch_size
+    if _get(config, "algorithm.sample_strategy") != "mix":
+        return train_batch_size
+    ratio = (_get(config, "algorithm.sample_strategy_args") or {}).get("expert_data_ratio", 0.5)
+    return mix_split(ratio, train_batch_size)[0]
+
+
 # Configurations the M2PO micro-batch warning was logged for (once per process each).
 _M2PO_WARNED: set[tuple[Any, ...]] = set()
 
@@ -314,6 +326,11 @@ class MIXAlgorithm(_GroupBaselineAlgorithm):
         return _mix_batch_sizes(config)
 
     @classmethod
+    def explored_per_train_step(cls, config: Config) -> int:
+        """Only the rollout share of a batch comes from the explorer (:func:`_mix_explored`)."""
+        return _mix_explored(config)
+
+    @classmethod
     def check_config(cls, config: Config) -> None:
         """Group rule, plus: the ``mix`` sample strategy needs its expert buffer configured."""
         super().check_config(config)
@@ -415,6 +432,11 @@ class MIXCHORDAlgorithm(_GroupBaselineAlgorithm):
     def derived_args(cls, config: Config) -> dict[str, dict[str, Any]]:
         """The loss gets the batch's usual / expert row counts (:func:`_mix_batch_sizes`)."""
         return _mix_batch_sizes(config)
+
+    @classmethod
+    def explored_per_train_step(cls, config: Config) -> int:
+        """Only the rollout share of a batch comes from the explorer (:func:`_mix_explored`)."""
+        return _mix_explored(config)
 
     @classmethod
     def check_config(cls, config: Config) -> None:

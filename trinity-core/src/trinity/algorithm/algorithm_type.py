@@ -48,6 +48,14 @@ class AlgorithmType:
         return {}
 
     @classmethod
+    def explored_per_train_step(cls, config: Config) -> int:
+        """Experiences a train step reads from the explorer's output: ``buffer.train_batch_size``
+        unless the algorithm's sample strategy fills part of the batch from elsewhere (``mix``:
+        expert rows from an auxiliary buffer). The batch geometry counts explore steps per
+        train step with it."""
+        return config.buffer.train_batch_size
+
+    @classmethod
     def check_config(cls, config: Config) -> None:
         """Validate cross-field rules on the resolved config (never change it: derived values
         come from :meth:`derived_args`); raise ``ValueError`` with a message naming the

@@ -32,6 +32,9 @@ class BatchGeometry:
             algorithms, whose rollouts make one experience per turn).
         step_wise: the algorithm type trains on one experience per turn (``step_wise``), so each
             train step reads exactly one explore step.
+        explored_per_train_step: of ``experiences_per_train_step``, those that come from the
+            explorer (``AlgorithmType.explored_per_train_step``; ``mix`` reads the rest from its
+            expert buffer); ``None``: all of them.
     """
 
     algorithm_type: str
@@ -39,6 +42,7 @@ class BatchGeometry:
     repeat_times: int
     experiences_per_train_step: int
     step_wise: bool = False
+    explored_per_train_step: int | None = None
 
     @property
     def rollouts_per_explore_step(self) -> int:
@@ -51,7 +55,10 @@ class BatchGeometry:
         a fraction when a training batch is smaller than an explore step's output)."""
         if self.step_wise:
             return 1.0
-        return max(_EPS, self.experiences_per_train_step / max(1, self.rollouts_per_explore_step))
+        explored = self.experiences_per_train_step
+        if self.explored_per_train_step is not None:
+            explored = self.explored_per_train_step
+        return max(_EPS, explored / max(1, self.rollouts_per_explore_step))
 
     def explore_steps_through(self, train_step: int) -> int:
         """The last explore step that train steps ``1..train_step`` read."""
@@ -62,8 +69,9 @@ class BatchGeometry:
         return math.ceil(explore_step / self.explore_steps_per_train_step - _EPS)
 
 
-def batch_geometry(config: Config, step_wise: bool) -> BatchGeometry:
-    """The geometry of ``config`` once its buffer and algorithm are resolved."""
+def batch_geometry(config: Config, step_wise: bool, explored: int | None = None) -> BatchGeometry:
+    """The geometry of ``config`` once its buffer and algorithm are resolved (``explored``: the
+    experiences of a train step that come from the explorer, if not all)."""
     b, a = config.buffer, config.algorithm
     return BatchGeometry(
         algorithm_type=a.algorithm_type,
@@ -71,4 +79,6 @@ def batch_geometry(config: Config, step_wise: bool) -> BatchGeometry:
         repeat_times=a.repeat_times,
         experiences_per_train_step=b.train_batch_size,
         step_wise=step_wise,
+        # None when the explorer supplies the whole batch, so such geometries compare equal.
+        explored_per_train_step=None if explored == b.train_batch_size else explored,
     )

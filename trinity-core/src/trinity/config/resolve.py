@@ -71,7 +71,10 @@ def _resolve(c: Config) -> None:
     check_sync(c)
     check_colocate(c)
     check_data_processor(c)
-    c._geometry = batch_geometry(c, step_wise=bool(getattr(algo_cls, "step_wise", False)))
+    explored = getattr(algo_cls, "explored_per_train_step", None)  # plugins may predate it
+    c._geometry = batch_geometry(
+        c, step_wise=bool(getattr(algo_cls, "step_wise", False)), explored=explored(c) if explored else None
+    )
     _derive_component_args(c, algo_cls)
     try:
         algo_cls.check_config(c)

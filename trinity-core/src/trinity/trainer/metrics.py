@@ -140,10 +140,14 @@ def logprob_diff_histogram(batch: Mapping[str, Any]) -> dict[str, Any]:
 def _compared_logprobs(batch: Mapping[str, Any]) -> tuple[Any, Any] | None:
     """The trainer's and the rollout engine's log-probs of the tokens of ``action_mask`` (flat),
     or ``None`` where there is nothing to compare (no rollout log-probs, no trainer forward of
-    the sampling weights, no token trained)."""
+    the sampling weights, no token trained). Expert rows (``mix``: SFT data in the batch, with
+    no rollout log-probs) are left out: no engine sampled them."""
     if not batch.get("has_rollout_logprobs") or "old_logprob" not in batch:
         return None
     mask = batch["action_mask"].bool()
+    expert = batch.get("expert_mask")
+    if expert is not None and expert.any():
+        mask = mask & ~expert.bool().to(mask.device).unsqueeze(-1)
     if not mask.any():
         return None
     trainer = batch["old_logprob"].float()[mask]

@@ -218,14 +218,19 @@ def apply_rollout_correction(
         return batch, {}
     if batch.old_logprob is None:
         raise ValueError("rollout correction needs the trainer's old_logprob computed before the update")
+    # Expert rows (mix: SFT data in the batch) were never sampled by an engine: neither weighted
+    # nor rejected, and not in the metrics.
+    expert = batch.expert_mask.bool().to(batch.action_mask.device).unsqueeze(-1)
+    rollout_mask = batch.action_mask * ~expert
     weights, new_mask, metrics = rollout_correction(
-        batch.old_logprob, batch.rollout_logprobs, batch.action_mask, settings
+        batch.old_logprob, batch.rollout_logprobs, rollout_mask, settings
     )
     changes: dict[str, Any] = {}
     if settings.rollout_rs is not None:
+        new_mask = torch.where(expert, batch.action_mask.to(new_mask.device).float(), new_mask)
         changes["action_mask"] = new_mask.to(batch.action_mask.dtype)
     if weights is not None:
-        weights = weights.to(batch.action_mask.device)
+        weights = torch.where(expert, torch.ones_like(weights), weights.to(batch.action_mask.device))
         if "rollout_is_weights" in components.policy_loss_fn.required_tensors():
             changes["rollout_is_weights"] = weights
         elif batch.advantages is not None:
