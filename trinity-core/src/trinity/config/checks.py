@@ -155,3 +155,21 @@ def check_task_component(kind: str, name: str | None, key: str) -> None:
     dotted name (``pkg.module.Class``) is imported and type-checked as a class path."""
     if name:
         lookup_component(kind, name, key)
+
+
+def check_mode_inputs(c: Config) -> None:
+    """What the job's mode reads must be configured: serve's rules, training tasksets for
+    ``both`` / ``explore``, eval tasksets for ``bench``."""
+    if c.mode == "serve":
+        check_serve(c)
+    ei = c.buffer.explorer_input
+    if c.mode in ("both", "explore") and not ei.tasksets:
+        raise ConfigError(
+            f"mode {c.mode!r} needs at least one training taskset; add buffer.explorer_input.tasksets",
+            key="buffer.explorer_input.tasksets",
+        )
+    if c.mode == "bench" and not ei.eval_tasksets:
+        raise ConfigError(
+            "mode 'bench' evaluates checkpoints and needs buffer.explorer_input.eval_tasksets",
+            key="buffer.explorer_input.eval_tasksets",
+        )

@@ -23,8 +23,8 @@ from trinity.config.algorithm_defaults import (
 from trinity.config.checks import (
     check_colocate,
     check_data_processor,
+    check_mode_inputs,
     check_optimizer,
-    check_serve,
     check_sync,
     check_task_component,
 )
@@ -35,6 +35,7 @@ from trinity.config.models import Config
 from trinity.config.sections.buffer import ExperienceBufferConfig, ReplayBufferConfig, TasksetConfig
 from trinity.config.sections.explorer import MAX_PORT, InferenceModelConfig
 from trinity.config.validation import validate_config
+from trinity.config.vllm_lora import vllm_lora_kwargs
 from trinity.config.yaml_io import load_yaml_dict
 
 CHECKPOINT_ROOT_ENV = "TRINITY_CHECKPOINT_ROOT_DIR"
@@ -318,26 +319,6 @@ def _absolute_sqlite_url(path: str) -> str:
     return prefix + os.path.abspath(file) + sep + query
 
 
-# The ranks vLLM's max_lora_rank accepts (vllm.config.lora.MaxLoRARanks, 0.11 to 0.32; 0.32 also takes 1).
-_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def _vllm_lora_kwargs(m: Any) -> dict[str, Any]:
-    """vLLM's LoRA engine arguments for the adapter of ``model.lora_configs`` (as Trinity-RFT
-    derives them): one adapter slot, ``max_lora_rank`` the adapter's rank rounded up to a rank
-    vLLM accepts, and the model section's ``max_cpu_loras`` / ``fully_sharded_loras``."""
-    rank = max(cfg.lora_rank for cfg in m.lora_configs)
-    kwargs: dict[str, Any] = {
-        "max_loras": len(m.lora_configs),
-        "max_lora_rank": next((r for r in _VLLM_LORA_RANKS if r >= rank), rank),
-    }
-    if m.max_cpu_loras is not None:
-        kwargs["max_cpu_loras"] = m.max_cpu_loras
-    if m.fully_sharded_loras:
-        kwargs["fully_sharded_loras"] = True
-    return kwargs
-
-
 def _resolve_explorer(c: Config) -> None:
     m, rm = c.model, c.explorer.rollout_model
     if rm.model_path and rm.model_path != m.model_path:
@@ -357,7 +338,7 @@ def _resolve_explorer(c: Config) -> None:
         rm.chat_template = m.custom_chat_template
     rm.enable_lora = bool(m.lora_configs)
     if m.lora_configs:
-        rm.lora_kwargs = {**_vllm_lora_kwargs(m), **rm.lora_kwargs}
+        rm.lora_kwargs = {**vllm_lora_kwargs(m), **rm.lora_kwargs}
     rm.rope_scaling, rm.rope_theta = m.rope_scaling, m.rope_theta
     runners = rm.engine_num * c.explorer.runner_per_model
     _resolve_engine(rm, "explorer.rollout_model", runners)
@@ -464,19 +445,7 @@ def _resolve_eval_interval(c: Config) -> None:
 
 
 def _check_mode(c: Config) -> None:
-    if c.mode == "serve":
-        check_serve(c)
-    ei = c.buffer.explorer_input
-    if c.mode in ("both", "explore") and not ei.tasksets:
-        raise ConfigError(
-            f"mode {c.mode!r} needs at least one training taskset; add buffer.explorer_input.tasksets",
-            key="buffer.explorer_input.tasksets",
-        )
-    if c.mode == "bench" and not ei.eval_tasksets:
-        raise ConfigError(
-            "mode 'bench' evaluates checkpoints and needs buffer.explorer_input.eval_tasksets",
-            key="buffer.explorer_input.eval_tasksets",
-        )
+    check_mode_inputs(c)
     _share_queue_between_jobs(c)
     if c.mode in ("explore", "train") and c.synchronizer.sync_method == "nccl" and not joins_cluster(c):
         # Checkpoints instead, said once, as Trinity-RFT does (e.g. BOTS's ref_eval_collect.yaml).
