@@ -1,7 +1,7 @@
 """End to end: `trinity run` with partial rollouts (``explorer.over_rollout.partial_rollout``) on
 CPU: a step ends without its slow task (one in four waits for the next weights before answering,
 a ``--plugin-dir`` workflow), which is carried over the weight sync, resumed and finished in the
-next step (``wait_after_min`` gives it the time) under the new weights; the experiences carry
+next step (``wait_after_min`` gives it 2 s) under the new weights; the experiences carry
 their per-token versions through the SQL buffer."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_a_cut_task_resumes_in_the_next_step(tmp_path, math_job, trinity_run):
         },
         explorer={
             "runner_per_model": 4,
-            "over_rollout": {"ratio": 0.25, "wait_after_min": 4, "partial_rollout": True, "max_staleness": 2},
+            "over_rollout": {"ratio": 0.25, "wait_after_min": 2, "partial_rollout": True, "max_staleness": 2},
         },
         synchronizer={
             "sync_method": "memory",
