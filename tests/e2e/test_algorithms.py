@@ -26,13 +26,19 @@ from .conftest import PLUGINS
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # Algorithm types run here, in stage order. (The stage names are the algorithm types.)
-RL = ["topr", "sapo", "sppo", "rec", "grpo_verl", "raft", "mix_chord"]
+RL = ["topr", "sapo", "sppo", "rec", "grpo_verl", "raft", "mix_chord", "m2po", "rollout_correction"]
 STEP_WISE = ["multi_step_grpo", "gigpo"]
 DISTILL = ["on_policy_distill", "jsd"]
 AGENTS = ["agentscope_react", "frozen_lake"]
 STAGES = [*RL, *STEP_WISE, *DISTILL, "cpt", *AGENTS]
 #: Stages not named after their algorithm type.
-ALGORITHM = {"agentscope_react": "multi_step_grpo", "frozen_lake": "multi_step_grpo"}
+ALGORITHM = {
+    "agentscope_react": "multi_step_grpo",
+    "frozen_lake": "multi_step_grpo",
+    "rollout_correction": "grpo",
+}
+#: Stages whose off-policy machinery logs metrics of its own (checked finite on both steps).
+OFF_POLICY_METRICS = {"m2po": "actor/m2po/", "rollout_correction": "rollout_corr/"}
 
 
 #: What every stage shares (each stage's own keys: ``_stage``).
@@ -82,6 +88,17 @@ def _stage(name: str, root: Path) -> dict:
                     }
                 }
             }
+        }
+    if name == "m2po":
+        # M2PO's ratio is against the policy that sampled the rollouts.
+        stage["trainer"] = {"use_rollout_logprobs": True}
+    if name == "rollout_correction":
+        # GRPO with veRL's token-level truncated importance weights and token rejection.
+        algorithm["rollout_correction"] = {
+            "rollout_is": "token",
+            "rollout_is_threshold": 2.0,
+            "rollout_rs": "token_k1",
+            "rollout_rs_threshold": 2.0,
         }
     if name in STEP_WISE:
         # Two turns per episode: the training batch's upper bound is 2 x batch_size x repeat_times.
@@ -194,6 +211,23 @@ def test_each_algorithm_type_trains_finite_and_changes_the_weights(job, index):
 
 def _last_checkpoint(stage: str, job: Path) -> Path:
     return job / "ckpt" / "e2e" / "algos" / stage / "global_step_2"
+
+
+@pytest.mark.parametrize(("name", "prefix"), OFF_POLICY_METRICS.items(), ids=list(OFF_POLICY_METRICS))
+def test_off_policy_stages_log_their_metrics_finite(job, name, prefix):
+    from trinity.monitor.tensorboard import read_scalars
+
+    scalars = read_scalars(job / "ckpt" / "e2e" / "algos" / name / "monitor" / "tensorboard" / "trainer")
+    logged = {
+        tag: [value for _, value in points] for tag, points in scalars.items() if tag.startswith(prefix)
+    }
+    assert logged, f"{name}: no {prefix} metrics were logged (tags: {sorted(scalars)})"
+    bad = {
+        tag: values
+        for tag, values in logged.items()
+        if len(values) != 2 or not all(map(math.isfinite, values))
+    }
+    assert not bad, f"{name}: metrics not finite on both steps: {bad}"
 
 
 def test_step_wise_stages_trained_on_two_step_trajectories(job):
