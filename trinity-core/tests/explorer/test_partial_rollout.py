@@ -20,7 +20,7 @@ from trinity import hookimpl
 from trinity.config import ConfigError, load_config
 from trinity.experience import Experience
 from trinity.explorer.explorer import Explorer
-from trinity.explorer.runner import RunnerPool
+from trinity.explorer.partial_rollout import CarryingRunnerPool
 from trinity.rollout.base import SamplingArgs
 from trinity.testing.plugins import isolated_plugin_manager, registered_plugin
 from trinity.workflow import Task, Workflow
@@ -52,7 +52,7 @@ def _task(index, **raw):
 
 
 def _pool(runners=3):
-    return RunnerPool([object()], runner_per_model=runners, max_retry_times=0, max_timeout=60)
+    return CarryingRunnerPool([object()], runner_per_model=runners, max_retry_times=0, max_timeout=60)
 
 
 @pytest.fixture
@@ -66,12 +66,12 @@ def gate():
 
 def test_a_task_cut_at_the_step_end_is_carried_and_finishes_in_the_next_step(gate):
     pool = _pool()
-    step1 = pool.run_tasks([_task(0), _task(1, gate="slow")], min_finished=1, carry=True, version=3)
+    step1 = pool.run_tasks([_task(0), _task(1, gate="slow")], min_finished=1, version=3)
     # Not dropped: the running task is carried, and is not among the step's results.
     assert [r.task.index for r in step1] == [0] and not step1[0].resumed
     assert [(c.task.index, c.started_version) for c in pool.carried] == [(1, 3)]
     gate.set()
-    step2 = pool.run_tasks([_task(2)], min_finished=2, carry=True, version=4)
+    step2 = pool.run_tasks([_task(2)], min_finished=2, version=4)
     by_index = {r.task.index: r for r in step2}
     assert sorted(by_index) == [1, 2] and not pool.carried
     assert by_index[1].resumed and by_index[1].started_version == 3 and by_index[1].experiences
@@ -80,9 +80,7 @@ def test_a_task_cut_at_the_step_end_is_carried_and_finishes_in_the_next_step(gat
 
 def test_a_carried_task_keeps_its_runner_and_tasks_never_started_are_dropped(gate):
     pool = _pool(runners=2)
-    step1 = pool.run_tasks(
-        [_task(0), _task(1, gate="slow"), _task(2, gate="slow"), _task(3)], min_finished=1, carry=True
-    )
+    step1 = pool.run_tasks([_task(0), _task(1, gate="slow"), _task(2, gate="slow"), _task(3)], min_finished=1)
     carried = {c.task.index for c in pool.carried}
     finished = [r.task.index for r in step1 if not r.cancelled]
     dropped = [r.task.index for r in step1 if r.cancelled]
@@ -95,16 +93,16 @@ def test_a_carried_task_keeps_its_runner_and_tasks_never_started_are_dropped(gat
 
 def test_stale_carried_tasks_are_dropped_and_the_rest_kept(gate):
     pool = _pool()
-    pool.run_tasks([_task(0), _task(1, gate="slow")], min_finished=1, carry=True, version=0)
+    pool.run_tasks([_task(0), _task(1, gate="slow")], min_finished=1, version=0)
     # Task 3 starts (two runners are free) and is carried too; task 2 finishes the step.
-    pool.run_tasks([_task(3, gate="slow"), _task(2)], min_finished=1, carry=True, version=1)
+    pool.run_tasks([_task(3, gate="slow"), _task(2)], min_finished=1, version=1)
     assert sorted(c.started_version for c in pool.carried) == [0, 1]
     # At version 2 with a bound of 1 version, the task started under version 0 is too old.
     stale = pool.drop_stale(2, max_staleness=1)
     assert [c.task.index for c in stale] == [1] and stale[0].future.cancelled()
     assert [c.task.index for c in pool.carried] == [3]
     gate.set()
-    step = pool.run_tasks([], min_finished=1, carry=True, version=2)
+    step = pool.run_tasks([], min_finished=1, version=2)
     assert [(r.task.index, r.resumed) for r in step] == [(3, True)]
 
 
@@ -188,6 +186,8 @@ def test_the_explorer_carries_a_cut_task_over_a_sync_and_counts_it(tmp_path, gat
         writer, engine = ListWriter(), PausingEngine()
         explorer = Explorer(config, engines=[engine], writer=writer)
         explorer.sync_weights({}, version=1)  # the task starts under version 1
+        # Evals never run on the training runners, which carried tasks hold across steps.
+        assert explorer.eval_pool(1) is not explorer.pool
         first = explorer.explore_step()
         assert first["rollout/partial_rollout/carried_tasks"] == 1.0 and engine.calls == ["pause"]
         assert "rollout/over_rollout/dropped_tasks" not in first  # carried, not dropped

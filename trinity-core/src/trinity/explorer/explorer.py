@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from trinity.buffer.base import BufferWriter
     from trinity.config import Config
     from trinity.experience import Experience
+    from trinity.explorer.partial_rollout import PartialRollouts
     from trinity.rollout.base import RolloutEngine
     from trinity.sync.group import GroupSpec
     from trinity.workflow import Task
@@ -187,7 +188,23 @@ class Explorer:
         ]
         self.auxiliary_models = [m for group in self.auxiliary_model_groups for m in group]
         dynamic = ex.dynamic_timeout
-        self.pool = RunnerPool(
+        # over_rollout: a step goes on once this many of its tasks finished (as Trinity-RFT).
+        over = ex.over_rollout
+        self.min_finished = math.ceil(config.buffer.batch_size * (1 - over.ratio)) if over.ratio > 0 else None
+        partial = bool(over.partial_rollout and self.min_finished is not None)
+        if partial and not all(getattr(e, "supports_partial_rollout", False) for e in self.engines):
+            partial = False
+            logger.warning(
+                "explorer.over_rollout.partial_rollout: the %s rollout engine cannot pause and resume "
+                "its samples; unfinished tasks are dropped at the end of a step instead",
+                ex.rollout_model.engine_type,
+            )
+        pool_class = RunnerPool
+        if partial:
+            from trinity.explorer.partial_rollout import CarryingRunnerPool
+
+            pool_class = CarryingRunnerPool
+        self.pool = pool_class(
             [self.models[i * per_engine : (i + 1) * per_engine] for i in range(len(self.engines))],
             auxiliary_models=self.auxiliary_model_groups,
             runner_per_model=ex.runner_per_model,
@@ -201,20 +218,12 @@ class Explorer:
             else None,
             return_partial_tasks=ex.over_rollout.return_partial_tasks,
         )
-        # over_rollout: a step goes on once this many of its tasks finished (as Trinity-RFT).
-        over = ex.over_rollout
-        self.min_finished = math.ceil(config.buffer.batch_size * (1 - over.ratio)) if over.ratio > 0 else None
-        # Partial rollouts: carry the tasks a step ends without (engines that can pause only).
-        self.partial_rollout = bool(over.partial_rollout and self.min_finished is not None)
-        if self.partial_rollout and not all(e.supports_partial_rollout for e in self.engines):
-            self.partial_rollout = False
-            logger.warning(
-                "explorer.over_rollout.partial_rollout: the %s rollout engine cannot pause and resume "
-                "its samples; unfinished tasks are dropped at the end of a step instead",
-                ex.rollout_model.engine_type,
-            )
-        self._paused = False
-        self._stale_dropped = 0  # carried tasks dropped for staleness since the last step
+        #: Partial rollouts (``over_rollout.partial_rollout``): carry the tasks a step ends without.
+        self.partial: PartialRollouts | None = None
+        if partial:
+            from trinity.explorer.partial_rollout import PartialRollouts
+
+            self.partial = PartialRollouts(self.engines, self.pool, over.max_staleness)
         self._writer = writer
         self._reader = taskset_reader
         self._eval_pool: tuple[int, RunnerPool, list[Any]] | None = None  # (runners, pool, wrappers)
@@ -269,31 +278,22 @@ class Explorer:
         except BufferExhausted as exc:
             logger.info("tasksets exhausted after step %d: %s", self.explore_step_num, exc)
             self.finished = True
-            if self.pool.carried:  # no later step to finish them in
-                logger.info("dropping %d carried partial rollouts at the end", len(self.pool.carried))
-                self.pool.drop_stale(self.model_version, -1)
-            self._resume_partial_rollouts()
+            if self.partial is not None:  # no later step to finish the carried tasks in
+                self.partial.drop_all(self.model_version)
             self.writer.finish()
             return None
         read_done = time.monotonic()
         step = self.explore_step_num + 1
         generated = self._generate_seconds()
-        partial: dict[str, float] = {}
-        if self.partial_rollout:
-            self._resume_partial_rollouts()
-            partial["rollout/partial_rollout/stale_dropped_tasks"] = float(self._stale_dropped)
-            self._stale_dropped = 0
+        self._resume()
         results = self.pool.run_tasks(
             tasks,
             min_finished=self.min_finished,
             wait_after_min=self.config.explorer.over_rollout.wait_after_min,
-            **({"carry": True, "version": self.model_version} if self.partial_rollout else {}),
+            **({"version": self.model_version} if self.partial is not None else {}),
         )
-        if self.pool.carried:
-            # The sync point: the carried tasks' samples stop where they are until resumed.
-            for engine in self.engines:
-                engine.pause_generation()
-            self._paused = True
+        if self.partial is not None:
+            self.partial.pause()  # the sync point: carried tasks' samples stop where they are
         run_done = time.monotonic()
         cut = [r for r in results if r.cancelled]
         if cut:
@@ -305,8 +305,9 @@ class Explorer:
                 sum(r.partial for r in cut),
             )
         experiences = self._stamp(results, step)
-        if self.partial_rollout:
-            partial.update(self._partial_rollout_metrics(results, experiences))
+        partial = (
+            {} if self.partial is None else self.partial.metrics(results, experiences, self.model_version)
+        )
         if experiences:
             self.writer.write(experiences)
         # Readers waiting for a full batch learn that this step will bring no more (tasks that
@@ -340,47 +341,11 @@ class Explorer:
             metrics[FAILURES_KEY] = report  # a string: printed by the launcher, not plotted
         return metrics
 
-    def _resume_partial_rollouts(self) -> None:
-        """Resume the engines paused at the end of the last step (see the module docstring),
-        first dropping the carried tasks too stale for the weights loaded now."""
-        if not self._paused:
-            return
-        stale = self.pool.drop_stale(self.model_version, self.config.explorer.over_rollout.max_staleness)
-        if stale:
-            self._stale_dropped += len(stale)
-            logger.info(
-                "partial rollouts: dropped %d carried task(s) started under model version %s, more "
-                "than explorer.over_rollout.max_staleness=%d versions before %d",
-                len(stale),
-                sorted({c.started_version for c in stale}),
-                self.config.explorer.over_rollout.max_staleness,
-                self.model_version,
-            )
-        for engine in self.engines:
-            engine.resume_generation()
-        self._paused = False
-
-    def _partial_rollout_metrics(
-        self, results: list[TaskResult], experiences: list[Experience]
-    ) -> dict[str, float]:
-        """``rollout/partial_rollout/...``: tasks carried out of this step, carried tasks that
-        finished in it (``resumed_tasks``), and the lag of each response token written, in model
-        versions behind the current weights (mean, max)."""
-        version = self.model_version
-        lags: list[float] = []
-        for exp in experiences:
-            if exp.token_versions is not None:
-                lags.extend((version - exp.token_versions).tolist())
-            else:
-                lags.extend([0.0] * exp.response_length)
-        out = {
-            "rollout/partial_rollout/carried_tasks": float(len(self.pool.carried)),
-            "rollout/partial_rollout/resumed_tasks": float(sum(r.resumed for r in results)),
-        }
-        if lags:
-            out["rollout/partial_rollout/token_version_lag_mean"] = math.fsum(lags) / len(lags)
-            out["rollout/partial_rollout/token_version_lag_max"] = float(max(lags))
-        return out
+    def _resume(self) -> None:
+        """Partial rollouts: resume the engines paused at the last step's end (see
+        :class:`~trinity.explorer.partial_rollout.PartialRollouts`)."""
+        if self.partial is not None:
+            self.partial.resume(self.model_version)
 
     def _generate_seconds(self) -> float | None:
         """Seconds the rollout engines have spent generating so far; ``None`` when an engine
@@ -441,7 +406,7 @@ class Explorer:
         """Run every eval taskset once; ``eval/<taskset>/...`` metrics. Nothing is written."""
         from trinity.buffer.taskset import TasksetReader
 
-        self._resume_partial_rollouts()  # eval calls would wait for paused engines
+        self._resume()  # eval calls would wait for paused engines
         metrics: dict[str, float] = {}
         for cfg in self.config.buffer.explorer_input.eval_tasksets:
             reader = TasksetReader(cfg, self.config.buffer)
@@ -467,7 +432,7 @@ class Explorer:
         (history and per-task seeds stay per task); the training pool when it has as many."""
         ex = self.config.explorer
         per_engine = min(EVAL_RUNNERS_PER_ENGINE, math.ceil(tasks / max(1, len(self.engines))))
-        if per_engine <= ex.runner_per_model:
+        if per_engine <= ex.runner_per_model and self.partial is None:  # carried tasks hold runners
             return self.pool
         if self._eval_pool is not None and self._eval_pool[0] >= per_engine:
             return self._eval_pool[1]
@@ -549,7 +514,7 @@ class Explorer:
                 engine.update_weights(state_dict, version)
             else:
                 engine.load_checkpoint(str(checkpoint_path), version)
-        self._resume_partial_rollouts()  # carried tasks go on under the new weights
+        self._resume()  # carried tasks go on under the new weights
 
     # -- broadcast weight sync (sync_method nccl) ---------------------------------------------
 
@@ -580,7 +545,7 @@ class Explorer:
         self._on_every_engine(
             f"receiving weights version {version}", lambda i, engine: engine.receive_weights(metas, version)
         )
-        self._resume_partial_rollouts()
+        self._resume()
 
     def close_weight_group(self) -> None:
         for engine in self.engines:
@@ -603,9 +568,8 @@ class Explorer:
 
     def shutdown(self) -> None:
         """Stop OpenAI servers and engines."""
-        if self.pool.carried:
-            self.pool.drop_stale(self.model_version, -1)
-        self._resume_partial_rollouts()
+        if self.partial is not None:
+            self.partial.drop_all(self.model_version)
         self._close_eval_pool()
         for model in [*self.models, *self.auxiliary_models]:
             model.close()

@@ -31,13 +31,6 @@ Long-tail control (``explorer.over_rollout``, ``explorer.dynamic_timeout``), as 
   scheduler clears a step's unfinished tasks), and counted (``rollout/over_rollout/...``).
   With ``return_partial_tasks`` a dropped task keeps the runs it completed, and a task whose
   attempt failed after some runs completed keeps those instead of being retried.
-- Partial rollouts (``carry=True``, ``explorer.over_rollout.partial_rollout``, AReaL's
-  semantics): the tasks still running when the step ends are not cancelled but *carried* into
-  the next step (:attr:`RunnerPool.carried`), on a loop of the pool's own that outlives the
-  step; the explorer pauses the engines at that point, so their samples stop and go on from
-  their tokens under the new weights. Tasks not started are dropped as before. A carried task
-  finishes in a later step on its runner (its result ``resumed``), or is dropped once its weights
-  are more than ``max_staleness`` versions old (:meth:`RunnerPool.drop_stale`).
 - With a :class:`DynamicTimeout`, a task's timeout is ``min(max_timeout, ratio x mean seconds
   of the tasks that succeeded so far)`` once enough of them were seen (eval tasks do not count).
 """
@@ -92,8 +85,7 @@ class TaskResult:
     # were kept (return_partial_tasks).
     cancelled: bool = False
     partial: bool = False
-    # Partial rollouts: started in an earlier step, carried over its end and finished here; the
-    # model version in force when it started.
+    # Partial rollouts (explorer.partial_rollout): carried from a step; the version it started at.
     resumed: bool = False
     started_version: int | None = None
 
@@ -419,10 +411,6 @@ class RunnerPool:
         groups = [_as_list(g, "auxiliary model") for g in (auxiliary_models or [])]
         self.dynamic_timeout = dynamic_timeout
         self.return_partial_tasks = return_partial_tasks
-        #: Tasks carried over the end of their step (``carry=True``), oldest first.
-        self.carried: list[CarriedTask] = []
-        # The loop carried tasks live on (a daemon thread), made by the first carrying step.
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.runners = []
         for i, copies in enumerate(engines):
             for j in range(runner_per_model):
@@ -445,21 +433,13 @@ class RunnerPool:
         min_finished: int | None = None,
         wait_after_min: float = 0.0,
         observe: bool = True,
-        carry: bool = False,
-        version: int = 0,
     ) -> list[TaskResult]:
         """Run the tasks; results are in the order of ``tasks``.
 
         With ``min_finished`` (over_rollout), return once that many finished and the others had
         ``wait_after_min`` more seconds; those still unfinished come back ``cancelled``.
         ``observe``: the durations count for the dynamic timeout (training tasks, not eval).
-        ``carry`` (partial rollouts; call it on :meth:`run_tasks`' loop): the tasks carried from
-        earlier steps run too (their results follow those of ``tasks``, ``resumed``, and count
-        towards ``min_finished``), and the started tasks still unfinished at the end are carried
-        on (started under model ``version``) instead of cancelled; they are not in the results.
         """
-        if carry:
-            return await self._run_carrying(tasks, min_finished, wait_after_min, observe, version)
         queue: asyncio.Queue = asyncio.Queue()
         for i, task in enumerate(tasks):
             queue.put_nowait((i, task))
@@ -502,110 +482,6 @@ class RunnerPool:
             for i, (task, r) in enumerate(zip(tasks, results))
         ]
 
-    async def _run_carrying(
-        self,
-        tasks: list[Task],
-        min_finished: int | None,
-        wait_after_min: float,
-        observe: bool,
-        version: int,
-    ) -> list[TaskResult]:
-        """:meth:`run_tasks_async` with ``carry``: every task runs as a future of its own that a
-        worker only waits for (shielded), so ending the step leaves the running ones going."""
-        carried, self.carried = self.carried, []
-        queue: asyncio.Queue = asyncio.Queue()
-        for i, task in enumerate(tasks):
-            queue.put_nowait((i, task))
-        results: list[TaskResult | None] = [None] * (len(tasks) + len(carried))
-        running: dict[int, tuple[WorkflowRunner, asyncio.Future, Task]] = {}
-        enough = asyncio.Event()
-        dynamic = self.dynamic_timeout if observe else None
-        # Carried tasks count like the step's own: it goes on once ``min_finished`` of them all
-        # finished (as with dropping; a task still slow is carried again, up to max_staleness).
-        goal = min(len(results), min_finished) if min_finished is not None else len(results)
-
-        def finished(i: int, result: TaskResult) -> None:
-            results[i] = result
-            running.pop(i, None)
-            if dynamic is not None and not result.resumed:  # a resumed task's time spans steps
-                dynamic.observe(result)
-            if sum(r is not None for r in results) >= goal:
-                enough.set()
-
-        async def work(runner: WorkflowRunner) -> None:
-            while not queue.empty() and not enough.is_set():
-                i, task = queue.get_nowait()
-                timeout = dynamic.seconds if dynamic is not None else None
-                key = "explorer.dynamic_timeout, at most explorer.max_timeout" if dynamic is not None else ""
-                future = asyncio.ensure_future(runner.run_task(task, timeout, key))
-                running[i] = (runner, future, task)
-                result = await asyncio.shield(future)
-                result.started_version = version
-                finished(i, result)
-
-        async def finish_carried(i: int, c: CarriedTask) -> None:
-            running[i] = (c.runner, c.future, c.task)
-            result = await asyncio.shield(c.future)
-            result.resumed, result.started_version = True, c.started_version
-            finished(i, result)
-            await work(c.runner)
-
-        busy = {id(c.runner) for c in carried}
-        free = [r for r in self.runners if id(r) not in busy][: max(0, len(tasks))]
-        workers = [asyncio.ensure_future(work(r)) for r in free]
-        workers += [asyncio.ensure_future(finish_carried(len(tasks) + j, c)) for j, c in enumerate(carried)]
-        if not workers:
-            return []
-        all_done = asyncio.ensure_future(asyncio.gather(*workers))
-        reached = asyncio.ensure_future(enough.wait())
-        await asyncio.wait([all_done, reached], return_when=asyncio.FIRST_COMPLETED)
-        reached.cancel()
-        if not all_done.done() and running:
-            # The step goes on without the rest; those still running get wait_after_min more.
-            await asyncio.wait([all_done], timeout=wait_after_min)
-        all_done.cancel()  # the workers only: the tasks' own futures are shielded
-        await asyncio.gather(all_done, return_exceptions=True)
-        for i, (runner, future, task) in sorted(running.items()):
-            if future.done():  # finished in the last moment
-                result = future.result()
-                result.resumed = i >= len(tasks)
-                results[i] = result
-                continue
-            started = version if i < len(tasks) else carried[i - len(tasks)].started_version
-            self.carried.append(CarriedTask(task, runner, future, started))
-        out = []
-        for i, r in enumerate(results):
-            if r is not None:
-                out.append(r)
-            elif i < len(tasks) and i not in running:  # never started: dropped, as without carry
-                out.append(TaskResult(tasks[i], cancelled=True))
-        return out
-
-    def drop_stale(self, version: int, max_staleness: int) -> list[CarriedTask]:
-        """Cancel and forget the carried tasks that started more than ``max_staleness`` versions
-        before ``version`` (a sync workflow's thread finishes its current engine call, whose
-        result nobody reads); the dropped ones."""
-        stale = [c for c in self.carried if version - c.started_version > max_staleness]
-        if not stale:
-            return []
-        self.carried = [c for c in self.carried if c not in stale]
-
-        async def cancel() -> None:
-            for c in stale:
-                c.future.cancel()
-            await asyncio.gather(*(c.future for c in stale), return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(cancel(), self._own_loop()).result()
-        return stale
-
-    def _own_loop(self) -> asyncio.AbstractEventLoop:
-        """The pool's event loop, running in a daemon thread (made on first use)."""
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="trinity-runner-pool", daemon=True).start()
-            self._loop = loop
-        return self._loop
-
     def _cut_short(self, task: Task, runner: WorkflowRunner | None) -> TaskResult:
         """The result of a task over_rollout ended: dropped, or (``return_partial_tasks``) the
         runs it completed."""
@@ -622,22 +498,8 @@ class RunnerPool:
         min_finished: int | None = None,
         wait_after_min: float = 0.0,
         observe: bool = True,
-        carry: bool = False,
-        version: int = 0,
     ) -> list[TaskResult]:
-        """Blocking :meth:`run_tasks_async` (not from inside a running event loop). With
-        ``carry`` it runs on the pool's own loop, which outlives the call (carried tasks go on)."""
-        if carry or self._loop is not None:
-            # Once tasks may be carried, every step runs on the one loop they live on.
-            coro = self.run_tasks_async(
-                tasks,
-                min_finished=min_finished,
-                wait_after_min=wait_after_min,
-                observe=observe,
-                carry=carry,
-                version=version,
-            )
-            return asyncio.run_coroutine_threadsafe(coro, self._own_loop()).result()
+        """Blocking :meth:`run_tasks_async` (not from inside a running event loop)."""
         results: list[TaskResult] = []
 
         async def main() -> None:
@@ -653,16 +515,6 @@ class RunnerPool:
 
         asyncio.run(main())
         return results
-
-
-@dataclass
-class CarriedTask:
-    """A task still running when its step ended (partial rollouts): it goes on in a later step."""
-
-    task: Task
-    runner: WorkflowRunner
-    future: asyncio.Future  # of its TaskResult, on the pool's loop
-    started_version: int
 
 
 def _as_list(entry: Any, what: str) -> list[Any]:
