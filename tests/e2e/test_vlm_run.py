@@ -57,7 +57,7 @@ def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
                 "repeat_times": 2,
                 # Upstream's 256 + 64 rows: left to config resolution (the mix split of 4 rows).
                 "policy_loss_fn_args": {
-                    "ppo_mini_batch_size": 4,
+                    "ppo_mini_batch_size": 5,
                     "train_batch_size_usual": None,
                     "train_batch_size_expert": None,
                     "ngpus_trainer": 1,
@@ -65,11 +65,11 @@ def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
             },
             "model": {"model_path": str(model), "max_response_tokens": 6, "max_model_len": 400},
             "buffer": {
-                "total_epochs": 1,
+                "total_epochs": 2,  # two explore steps of the 2 tasks: two train steps
                 "batch_size": 2,
-                # One explore step's rollouts (2 tasks x 2) per train step: upstream's 320 is its
-                # 256 rollouts plus the 64 expert rows, which the run counts as rollouts.
-                "train_batch_size": 4,
+                # Upstream's proportions (320 = 256 rollouts + 64 expert rows at ratio 0.2):
+                # one explore step's 4 rollouts (2 tasks x 2) plus 1 expert row per train step.
+                "train_batch_size": 5,
                 "explorer_input": {"taskset": {"path": f"{root}/tasks", "subset_name": None}},
                 "trainer_input": {
                     "experience_buffer": {"storage_type": "sql", "path": f"sqlite:///{root}/buffer.db"},
@@ -94,9 +94,8 @@ def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
 
     job = root / "ckpt" / "Trinity-RFT" / "mix_vlm"
     trainer = read_scalars(job / "monitor" / "tensorboard" / "trainer")
-    # Step 1: 3 of the 4 rollouts plus an expert row (ratio 0.2 of 4 rows), all with images;
-    # step 2 the last rollout and another expert row.
-    assert [v for _, v in trainer["sample/usual_count"]] == [3.0, 1.0], trainer["sample/usual_count"]
+    # Each step: one explore step's 4 rollouts plus an expert row (ceil(0.2 x 5)), all with images.
+    assert [v for _, v in trainer["sample/usual_count"]] == [4.0, 4.0], trainer["sample/usual_count"]
     assert [v for _, v in trainer["sample/expert_count"]] == [1.0, 1.0]
-    assert trainer["trainer/num_experiences"][0][1] == 4.0
+    assert trainer["trainer/num_experiences"][0][1] == 5.0
     assert trainer["actor/expert/sft_loss"][0][1] > 0  # the expert rows (with their images) trained
