@@ -151,6 +151,14 @@ def quickstart(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def vlm_example(session: nox.Session) -> None:
+    """The CPU image example: a tiny Qwen2-VL learns to count coloured shapes, SFT then GRPO."""
+    # simple_mm_workflow and the boxed rewards (math plugin), SFT and GRPO (algos plugin).
+    install(session, "trinity-plugins-algos", "trinity-plugins-math")
+    session.run("python", "examples/vlm_shapes/run.py", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def agents_example(session: nox.Session) -> None:
     """The CPU agent example: a tiny model learns FrozenLake, SFT then step-wise multi-turn RL."""
     # FrozenLake (gymnasium, a dependency of the agents plugin), SFT and GiGPO from the algos
