@@ -103,6 +103,7 @@ def check_on_policy_rollouts() -> Callable[..., None]:
         from transformers import AutoModelForCausalLM
 
         from trinity.experience import Experience
+        from trinity.trainer.checkpoint import hf_weights_dir
 
         with sqlite3.connect(db) as conn:
             rows = conn.execute(
@@ -115,8 +116,8 @@ def check_on_policy_rollouts() -> Callable[..., None]:
             by_batch.setdefault(int(eid.split("/")[0]), set()).add(version)
         assert by_batch == {1: {0}, 2: {1}, 3: {2}}, by_batch
         for version in (1, 2):
-            model = AutoModelForCausalLM.from_pretrained(
-                job_dir / f"global_step_{version}", dtype=torch.float32
+            model = AutoModelForCausalLM.from_pretrained(  # a LoRA checkpoint: its merged export
+                hf_weights_dir(job_dir / f"global_step_{version}"), dtype=torch.float32
             )
             experiences = [Experience.deserialize(blob) for _, v, blob in rows if v == version]
             assert experiences
