@@ -133,7 +133,7 @@ def _ignored_by_selector(field: str) -> Callable[[Any, Any, Any], bool]:
     return active
 
 
-_NO_LORA_SERVING = "the rollout engines serve no LoRA adapters"
+_NO_AUX_LORA = "auxiliary models serve no LoRA adapters (only the trained rollout model has one)"
 _LORA_ON_VLLM = (
     "vLLM's LoRA engine arguments: read only with model.lora_configs and a vllm rollout engine "
     "(the transformers engine folds the adapter into its weights)"
@@ -230,14 +230,8 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         _not_from_lora_configs,
     ),
     NoEffect("explorer.rollout_model.lora_kwargs", _LORA_ON_VLLM, _not_lora_on_vllm),
-    NoEffect(
-        "explorer.auxiliary_models[*].enable_lora",
-        _NO_LORA_SERVING.replace("rollout engines", "auxiliary models"),
-    ),
-    NoEffect(
-        "explorer.auxiliary_models[*].lora_kwargs",
-        _NO_LORA_SERVING.replace("rollout engines", "auxiliary models"),
-    ),
+    NoEffect("explorer.auxiliary_models[*].enable_lora", _NO_AUX_LORA),
+    NoEffect("explorer.auxiliary_models[*].lora_kwargs", _NO_AUX_LORA),
     *_inference("rope_scaling", "not passed to the engines"),
     *_inference("rope_theta", "not passed to the engines"),
     NoEffect("explorer.min_running_model_num", _NO_ROLLING_SYNC),
