@@ -6,6 +6,7 @@ Skipped where vLLM or PEFT is not installed (the main suite)."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -102,6 +103,8 @@ def test_adapter_syncs_make_vllms_logprobs_the_trainers(trainer, loop, actor):
         state = trainer.state_dict()
         assert state and all(n.endswith((".lora_A.weight", ".lora_B.weight")) for n in state)
         loop.run_until_complete(actor.update_weights(to_wire(state)))
+        # The adapter folder is gone once loaded, and requests do not ask vLLM to reload it.
+        assert not os.path.exists(actor._lora.lora_path) and not actor._lora.load_inplace
         assert _gap(loop, actor, trainer, tokens) < TOLERANCE, version
 
 

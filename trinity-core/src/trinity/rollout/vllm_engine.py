@@ -220,7 +220,6 @@ class VLLMEngineActor:
 
     lora_enabled = False  # started with enable_lora (model.lora_configs)
     _lora: Any = None  # the LoRARequest every request carries, once an adapter was synced
-    _lora_dir: str | None = None  # the folder of the adapter served from a memory sync
 
     def __init__(self, engine_kwargs: dict[str, Any]) -> None:
         import vllm
@@ -288,12 +287,10 @@ class VLLMEngineActor:
             try:
                 write_peft_adapter(adapter, folder)
                 await self._serve_adapter(folder)
-            except BaseException:
+            finally:
+                # vLLM holds the loaded adapter in its cache (one adapter, never evicted): the
+                # folder is not read again, and a killed engine leaves nothing in /dev/shm.
                 shutil.rmtree(folder, ignore_errors=True)
-                raise
-            previous, self._lora_dir = self._lora_dir, folder
-            if previous:
-                shutil.rmtree(previous, ignore_errors=True)
         if plain:
             folder = shared_memory_dir()
             try:
@@ -302,11 +299,12 @@ class VLLMEngineActor:
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             if not adapter:
-                self._drop_adapter()  # merged weights: the base now holds what the adapter added
+                self._lora = None  # merged weights: the base now holds what the adapter added
         await self._weights_changed()
 
     async def _serve_adapter(self, folder: str) -> None:
-        """Load the PEFT adapter in ``folder`` (in place of the one served so far) and serve it."""
+        """Load the PEFT adapter in ``folder`` in place of the one served so far (same id), and
+        have every request from now on carry it."""
         if not self.lora_enabled:
             raise RuntimeError(
                 "vLLM engine: a LoRA adapter arrived, but the engine was started without enable_lora "
@@ -314,30 +312,18 @@ class VLLMEngineActor:
             )
         from vllm.lora.request import LoRARequest
 
-        request = LoRARequest(LORA_NAME, LORA_ID, folder, load_inplace=True)
-        await self.engine.add_lora(request)
-        self._lora = request
-
-    def _drop_adapter(self) -> None:
-        import shutil
-
-        self._lora = None
-        if self._lora_dir:
-            shutil.rmtree(self._lora_dir, ignore_errors=True)
-            self._lora_dir = None
+        await self.engine.add_lora(LoRARequest(LORA_NAME, LORA_ID, folder, load_inplace=True))
+        # The requests' copy does not ask for a reload: vLLM's workers would read the folder
+        # again for every batch that carries it.
+        self._lora = LoRARequest(LORA_NAME, LORA_ID, folder)
 
     async def load_checkpoint(self, path: str) -> None:
         adapter = adapter_folder(path) if self.lora_enabled else None
         if adapter is not None:  # a LoRA checkpoint: serve its adapter over the base weights
             await self._serve_adapter(adapter)
-            previous, self._lora_dir = self._lora_dir, None
-            if previous:
-                import shutil
-
-                shutil.rmtree(previous, ignore_errors=True)
         else:
             await self.engine.collective_rpc("trinity_load_checkpoint", args=(path,))
-            self._drop_adapter()
+            self._lora = None
         await self._weights_changed()
 
     async def weight_sync_devices(self) -> list[str]:
@@ -359,7 +345,6 @@ class VLLMEngineActor:
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.shutdown()
-        self._drop_adapter()
 
 
 class VLLMEngine(RolloutEngine):
