@@ -21,17 +21,11 @@ def shape_png(colour: tuple[int, int, int]) -> bytes:
     return out.getvalue()
 
 
-@pytest.mark.e2e
-@pytest.mark.slow
-def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
-    """Two explore/train steps of upstream's mix_vlm with only what a CPU machine needs changed:
-    the tiny Qwen2-VL, local rows with images (tasks and expert SFT rows), small batches, the
-    transformers engine and native trainer, the default synchronizer."""
-    from trinity.monitor.tensorboard import read_scalars
-    from trinity.testing.jobs import deep_merge, write_job
+def write_image_rows(root: Path) -> Path:
+    """The tiny Qwen2-VL, and two rows with an image each: tasks (``tasks/``) and expert SFT rows
+    (``sft/``) in Trinity-RFT's geometry3k format (``problem``, ``answer``, ``images``)."""
     from trinity.testing.tiny_model import create_tiny_vlm
 
-    root = tmp_path
     model = create_tiny_vlm(root / "model")
     (root / "images").mkdir()
     tasks, sft = [], []
@@ -46,6 +40,21 @@ def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
     (root / "tasks" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tasks))
     (root / "sft").mkdir()
     (root / "sft" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft))
+
+    return model
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
+    """Two explore/train steps of upstream's mix_vlm with only what a CPU machine needs changed:
+    the tiny Qwen2-VL, local rows with images (tasks and expert SFT rows), small batches, the
+    transformers engine and native trainer, the default synchronizer."""
+    from trinity.monitor.tensorboard import read_scalars
+    from trinity.testing.jobs import deep_merge, write_job
+
+    root = tmp_path
+    model = write_image_rows(root)
 
     upstream = yaml.safe_load((UPSTREAM / "mix_vlm" / "mix_vlm.yaml").read_text())
     config = deep_merge(upstream, {"cluster": None, "synchronizer": None, "trainer": None, "explorer": None})
@@ -99,3 +108,51 @@ def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
     assert [v for _, v in trainer["sample/expert_count"]] == [1.0, 1.0]
     assert trainer["trainer/num_experiences"][0][1] == 5.0
     assert trainer["actor/expert/sft_loss"][0][1] > 0  # the expert rows (with their images) trained
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_grpo_vlm_trains_grpo_on_image_rows(tmp_path, trinity_run):
+    """One explore/train step of upstream's grpo_vlm (simple_mm_workflow, math_boxed_reward)
+    with only what a CPU machine needs changed, as the mix_vlm run above."""
+    from trinity.monitor.tensorboard import read_scalars
+    from trinity.testing.jobs import deep_merge, write_job
+
+    root = tmp_path
+    model = write_image_rows(root)
+    upstream = yaml.safe_load((UPSTREAM / "grpo_vlm" / "vlm.yaml").read_text())
+    config = deep_merge(upstream, {"cluster": None, "synchronizer": None, "trainer": None, "explorer": None})
+    config = deep_merge(
+        config,
+        {
+            "checkpoint_root_dir": f"{root}/ckpt",
+            "algorithm": {"repeat_times": 2},
+            "model": {"model_path": str(model), "max_response_tokens": 6, "max_model_len": 400},
+            "buffer": {
+                "batch_size": 2,
+                "train_batch_size": 4,
+                "explorer_input": {"taskset": {"path": f"{root}/tasks", "subset_name": None}},
+            },
+            "explorer": {
+                "eval_on_startup": False,
+                "runner_per_model": 2,
+                "rollout_model": {
+                    "engine_type": "transformers",
+                    "engine_num": 1,
+                    "dtype": "float32",
+                    "seed": 1,
+                },
+            },
+            "trainer": {"trainer_type": "native", "dtype": "float32"},
+            "monitor": {"monitor_type": "tensorboard"},
+        },
+    )
+    trinity_run(write_job(root / "job.yaml", config))
+
+    tb = root / "ckpt" / "Trinity-RFT" / "grpo_vlm" / "monitor" / "tensorboard"
+    trainer = read_scalars(tb / "trainer")
+    assert [step for step, _ in trainer["trainer/num_experiences"]] == [1]
+    assert trainer["trainer/num_experiences"][0][1] == 4.0  # 2 image tasks x 2 rollouts
+    assert "actor/pg_loss" in trainer
+    explorer = read_scalars(tb / "explorer")
+    assert explorer["rollout/reward_mean"], "the explorer logged no rollout rewards"
