@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trinity.testing.jobs import deep_merge, write_job
+from trinity.testing.jobs import upstream_on_cpu, write_job
 
 pytestmark = [
     pytest.mark.e2e,
@@ -41,9 +41,8 @@ def test_grpo_math_trains_a_step_scored_by_rm_gallery(tmp_path, math_job, trinit
         "".join(json.dumps({"question": r["question"], "gt_answer": r["answer"]}) + "\n" for r in rows)
     )
     upstream = yaml.safe_load((UPSTREAM / "grpo_math.yaml").read_text())
-    config = deep_merge(upstream, {"cluster": None, "synchronizer": None, "trainer": None, "explorer": None})
-    config = deep_merge(
-        config,
+    config = upstream_on_cpu(
+        upstream,
         {
             "checkpoint_root_dir": f"{root}/ckpt",
             "algorithm": {"repeat_times": 2},
@@ -56,18 +55,6 @@ def test_grpo_math_trains_a_step_scored_by_rm_gallery(tmp_path, math_job, trinit
                     "experience_buffer": {"storage_type": "sql", "path": f"sqlite:///{root}/buffer.db"}
                 },
             },
-            "explorer": {
-                "eval_on_startup": False,
-                "runner_per_model": 2,
-                "rollout_model": {
-                    "engine_type": "transformers",
-                    "engine_num": 1,
-                    "dtype": "float32",
-                    "seed": 1,
-                },
-            },
-            "trainer": {"trainer_type": "native", "dtype": "float32"},
-            "monitor": {"monitor_type": "tensorboard"},
         },
     )
     taskset = config["buffer"]["explorer_input"]["taskset"]

@@ -51,15 +51,14 @@ def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
     the tiny Qwen2-VL, local rows with images (tasks and expert SFT rows), small batches, the
     transformers engine and native trainer, the default synchronizer."""
     from trinity.monitor.tensorboard import read_scalars
-    from trinity.testing.jobs import deep_merge, write_job
+    from trinity.testing.jobs import upstream_on_cpu, write_job
 
     root = tmp_path
     model = write_image_rows(root)
 
     upstream = yaml.safe_load((UPSTREAM / "mix_vlm" / "mix_vlm.yaml").read_text())
-    config = deep_merge(upstream, {"cluster": None, "synchronizer": None, "trainer": None, "explorer": None})
-    config = deep_merge(
-        config,
+    config = upstream_on_cpu(
+        upstream,
         {
             "checkpoint_root_dir": f"{root}/ckpt",
             "algorithm": {
@@ -85,18 +84,6 @@ def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
                     "auxiliary_buffers": {"sft_dataset": {"path": f"{root}/sft", "total_epochs": 2}},
                 },
             },
-            "explorer": {
-                "eval_on_startup": False,
-                "runner_per_model": 2,
-                "rollout_model": {
-                    "engine_type": "transformers",
-                    "engine_num": 1,
-                    "dtype": "float32",
-                    "seed": 1,
-                },
-            },
-            "trainer": {"trainer_type": "native", "dtype": "float32"},
-            "monitor": {"monitor_type": "tensorboard"},
         },
     )
     trinity_run(write_job(root / "job.yaml", config))
@@ -116,14 +103,13 @@ def test_grpo_vlm_trains_grpo_on_image_rows(tmp_path, trinity_run):
     """One explore/train step of upstream's grpo_vlm (simple_mm_workflow, math_boxed_reward)
     with only what a CPU machine needs changed, as the mix_vlm run above."""
     from trinity.monitor.tensorboard import read_scalars
-    from trinity.testing.jobs import deep_merge, write_job
+    from trinity.testing.jobs import upstream_on_cpu, write_job
 
     root = tmp_path
     model = write_image_rows(root)
     upstream = yaml.safe_load((UPSTREAM / "grpo_vlm" / "vlm.yaml").read_text())
-    config = deep_merge(upstream, {"cluster": None, "synchronizer": None, "trainer": None, "explorer": None})
-    config = deep_merge(
-        config,
+    config = upstream_on_cpu(
+        upstream,
         {
             "checkpoint_root_dir": f"{root}/ckpt",
             "algorithm": {"repeat_times": 2},
@@ -133,18 +119,6 @@ def test_grpo_vlm_trains_grpo_on_image_rows(tmp_path, trinity_run):
                 "train_batch_size": 4,
                 "explorer_input": {"taskset": {"path": f"{root}/tasks", "subset_name": None}},
             },
-            "explorer": {
-                "eval_on_startup": False,
-                "runner_per_model": 2,
-                "rollout_model": {
-                    "engine_type": "transformers",
-                    "engine_num": 1,
-                    "dtype": "float32",
-                    "seed": 1,
-                },
-            },
-            "trainer": {"trainer_type": "native", "dtype": "float32"},
-            "monitor": {"monitor_type": "tensorboard"},
         },
     )
     trinity_run(write_job(root / "job.yaml", config))

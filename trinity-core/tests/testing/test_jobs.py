@@ -89,3 +89,20 @@ def test_tiny_model_saves_what_create_tiny_model_saves(tiny_model, tmp_path):
 def test_tiny_model_refuses_what_create_tiny_model_refuses(tiny_model, bad):
     with pytest.raises((ValueError, TypeError)):
         tiny_model(**bad)
+
+
+def test_an_upstream_config_on_cpu_keeps_its_algorithm_and_data_and_loses_its_gpu_runtime():
+    from trinity.testing.jobs import cpu_runtime, upstream_on_cpu
+
+    upstream = {
+        "algorithm": {"algorithm_type": "grpo", "repeat_times": 8},
+        "cluster": {"gpu_per_node": 8},
+        "synchronizer": {"sync_method": "nccl"},
+        "explorer": {"rollout_model": {"engine_num": 4, "tensor_parallel_size": 2}},
+        "trainer": {"ulysses_sequence_parallel_size": 2},
+    }
+    config = upstream_on_cpu(upstream, {"algorithm": {"repeat_times": 2}})
+    assert config["algorithm"] == {"algorithm_type": "grpo", "repeat_times": 2}
+    assert "cluster" not in config and "synchronizer" not in config
+    assert {k: config[k] for k in ("explorer", "trainer", "monitor")} == cpu_runtime()
+    assert upstream["cluster"] == {"gpu_per_node": 8}  # the loaded config is not changed

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["deep_merge", "tiny_job", "tiny_taskset", "write_job"]
+__all__ = ["cpu_runtime", "deep_merge", "tiny_job", "tiny_taskset", "upstream_on_cpu", "write_job"]
 
 
 def deep_merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -49,6 +49,28 @@ def tiny_taskset(root: str | Path, name: str = "arith", split: str = "train", **
         "format": {"prompt_key": "question", "response_key": "answer", "system_prompt": ""},
     }
     return deep_merge(taskset, overrides)
+
+
+def cpu_runtime() -> dict:
+    """The tiny jobs' runtime on CPU: the transformers rollout engine (one, float32, seed 1, two
+    runners) and the native trainer in float32, no eval at start-up, TensorBoard metrics."""
+    return {
+        "explorer": {
+            "eval_on_startup": False,
+            "runner_per_model": 2,
+            "rollout_model": {"engine_type": "transformers", "engine_num": 1, "dtype": "float32", "seed": 1},
+        },
+        "trainer": {"trainer_type": "native", "dtype": "float32"},
+        "monitor": {"monitor_type": "tensorboard"},
+    }
+
+
+def upstream_on_cpu(upstream: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """An upstream example config (as loaded from its YAML) run on CPU: its GPU runtime (the
+    ``cluster``, ``synchronizer``, ``trainer`` and ``explorer`` sections) replaced by
+    :func:`cpu_runtime`, then ``overrides`` (model, data, sizes) deep-merged in."""
+    gpu = {"cluster": None, "synchronizer": None, "trainer": None, "explorer": None}
+    return deep_merge(deep_merge(deep_merge(upstream, gpu), cpu_runtime()), overrides)
 
 
 def tiny_job(root: str | Path, **overrides: Any) -> dict:
@@ -80,13 +102,7 @@ def tiny_job(root: str | Path, **overrides: Any) -> dict:
                 }
             },
         },
-        "explorer": {
-            "eval_on_startup": False,
-            "runner_per_model": 2,
-            "rollout_model": {"engine_type": "transformers", "engine_num": 1, "dtype": "float32", "seed": 1},
-        },
-        "trainer": {"trainer_type": "native", "dtype": "float32"},
-        "monitor": {"monitor_type": "tensorboard"},
+        **cpu_runtime(),
     }
     return deep_merge(base, overrides)
 
