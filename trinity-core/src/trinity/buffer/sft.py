@@ -115,22 +115,28 @@ def cpt_experience(row: Any, fmt: FormatConfig, chat: ChatTokenizer) -> Experien
     return Experience(tokens=ids, prompt_length=1, prompt_text="", response_text=text)
 
 
-def sft_experience(row: Any, fmt: FormatConfig, chat: ChatTokenizer) -> Experience:
-    """One SFT :class:`~trinity.experience.Experience` from a dataset row."""
-    from trinity.experience import Experience
-
+def _conversation(row: Any, fmt: FormatConfig) -> list[dict[str, Any]]:
+    """The conversation an SFT row holds: its ``messages_key`` column (checked), or its prompt
+    and ``response_key`` as plain turns."""
     if not isinstance(row, dict):
         raise SFTDataError(f"row must be a JSON object, got {type(row).__name__}")
-    tools = row.get(fmt.tools_key) if fmt.tools_key else None
     if fmt.prompt_type == "messages":
         messages = row.get(fmt.messages_key)
         problem = check_messages(messages, fmt.messages_key)
         if problem:
             raise SFTDataError(problem)
-    else:
-        if fmt.response_key not in row:
-            raise SFTDataError(f"missing response key {fmt.response_key!r}")
-        messages = _plain_messages(row, fmt, row[fmt.response_key])
+        return messages
+    if fmt.response_key not in row:
+        raise SFTDataError(f"missing response key {fmt.response_key!r}")
+    return _plain_messages(row, fmt, row[fmt.response_key])
+
+
+def sft_experience(row: Any, fmt: FormatConfig, chat: ChatTokenizer) -> Experience:
+    """One SFT :class:`~trinity.experience.Experience` from a dataset row."""
+    from trinity.experience import Experience
+
+    messages = _conversation(row, fmt)
+    tools = row.get(fmt.tools_key) if fmt.tools_key else None
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not assistant or assistant[-1] != len(messages) - 1:
         raise SFTDataError("the conversation must end with an assistant message")
@@ -166,19 +172,10 @@ def mm_sft_experience(row: Any, fmt: FormatConfig, processor: Any) -> Experience
     from trinity.experience import Experience
     from trinity.multimodal import ImageError, build_mm_message, image_list
 
-    if not isinstance(row, dict):
-        raise SFTDataError(f"row must be a JSON object, got {type(row).__name__}")
+    messages = _conversation(row, fmt)
     if fmt.enable_concatenated_multi_turn:
         raise SFTDataError("enable_concatenated_multi_turn is not supported for rows with images")
-    if fmt.prompt_type == "messages":
-        messages = row.get(fmt.messages_key)
-        problem = check_messages(messages, fmt.messages_key)
-        if problem:
-            raise SFTDataError(problem)
-    else:
-        if fmt.response_key not in row:
-            raise SFTDataError(f"missing response key {fmt.response_key!r}")
-        messages = _plain_messages(row, fmt, row[fmt.response_key])
+    if fmt.prompt_type != "messages":
         images = image_list(row.get(fmt.image_key)) if fmt.image_key else []
         videos = image_list(row.get(fmt.video_key)) if fmt.video_key else []
         try:
