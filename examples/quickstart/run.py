@@ -165,6 +165,21 @@ def run_to_the_end(command: list[str], env: dict[str, str]) -> int:
     return 128 - code if code < 0 else code  # killed by signal N: the shell's 128 + N
 
 
+def run_job(config: Path, work: Path, label: str) -> int:
+    """``trinity run --config config`` offline, to the end (see :func:`run_to_the_end`); its exit
+    code, said with where the logs are (under ``work``) when it is not 0. ``label`` prefixes
+    that line (the examples that reuse this: ``[vlm_shapes]``)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    command = [sys.executable, "-m", "trinity.cli", "run", "--config", str(config)]
+    code = run_to_the_end(command, env)
+    if code != 0:
+        what = "was stopped" if code in (130, 143) else "failed"
+        print(
+            f"[{label}] trinity run {what} (exit {code}); logs under {work / 'checkpoints'}", file=sys.stderr
+        )
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -192,16 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["QUICKSTART_DIR"] = str(work)
     os.environ["QUICKSTART_ENGINE"] = args.engine
     os.environ["QUICKSTART_SEED"] = str(args.seed)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    command = [sys.executable, "-m", "trinity.cli", "run", "--config", str(config)]
     print(f"[quickstart] QUICKSTART_DIR={work} trinity run --config {config}", flush=True)
-    code = run_to_the_end(command, env)
+    code = run_job(config, work, "quickstart")
     if code != 0:
-        what = "was stopped" if code in (130, 143) else "failed"
-        print(
-            f"[quickstart] trinity run {what} (exit {code}); logs under {work / 'checkpoints'}",
-            file=sys.stderr,
-        )
         return code
     summary(config, time.monotonic() - start)
     return 0

@@ -145,7 +145,7 @@ def prepare(work: Path, seed: int = 0) -> None:
 
 
 def quickstart() -> Any:
-    """The text quickstart's run.py as a module (its ``run_to_the_end``)."""
+    """The text quickstart's run.py as a module (its ``run_job``)."""
     spec = importlib.util.spec_from_file_location("quickstart_run", HERE.parent / "quickstart" / "run.py")
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -201,16 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     # The YAML finds the data, the model and its checkpoint folder through VLM_SHAPES_DIR.
     os.environ["VLM_SHAPES_DIR"] = str(work)
     os.environ["VLM_SHAPES_SEED"] = str(args.seed)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    command = [sys.executable, "-m", "trinity.cli", "run", "--config", str(config)]
     print(f"[vlm_shapes] VLM_SHAPES_DIR={work} trinity run --config {config}", flush=True)
-    code = quickstart().run_to_the_end(command, env)
+    code = quickstart().run_job(config, work, "vlm_shapes")
     if code != 0:
-        what = "was stopped" if code in (130, 143) else "failed"
-        print(
-            f"[vlm_shapes] trinity run {what} (exit {code}); logs under {work / 'checkpoints'}",
-            file=sys.stderr,
-        )
         return code
     summary(config, time.monotonic() - start)
     return 0
