@@ -72,9 +72,8 @@ def _resolve(c: Config) -> None:
     check_sync(c)
     check_colocate(c)
     check_data_processor(c)
-    explored = getattr(algo_cls, "explored_per_train_step", None)  # plugins may predate it
     c._geometry = batch_geometry(
-        c, step_wise=bool(getattr(algo_cls, "step_wise", False)), explored=explored(c) if explored else None
+        c, step_wise=bool(getattr(algo_cls, "step_wise", False)), explored=algo_cls.explored_per_train_step(c)
     )
     _derive_component_args(c, algo_cls)
     try:
