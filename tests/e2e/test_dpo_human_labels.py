@@ -1,7 +1,7 @@
 """End to end: a DPO train job whose task pipeline is ``human_preference_annotation_mapper``
 (upstream's ``dpo_human_in_the_loop``, CI-sized). ``trinity run`` serves the Labels page and
-waits; a person (this test, over the page's HTTP API) labels the pairs; the job then trains a
-DPO step on exactly the labelled pairs. The tiny math model and its DPO rows stand in for
+waits; a person (this test, over the page's HTTP API) labels the pairs; the job then trains two
+DPO steps on exactly the labelled pairs. The tiny math model and its DPO rows stand in for
 upstream's demo data (answers shown in both orders)."""
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from trinity.monitor.tensorboard import read_scalars
 from trinity.testing.jobs import tiny_job, write_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+#: DPO steps the job trains on the labelled pairs, two pairs a step.
+STEPS = 2
 
 
 def _person(api_url: str, good: dict[str, str], done: list[dict], stop: threading.Event) -> None:
@@ -58,8 +61,8 @@ def _label_next(api_url: str, good: dict[str, str], done: list[dict]) -> None:
         done.append({**pair, "choice": choice})
 
 
-def test_a_dpo_step_trains_on_the_pairs_people_labelled(tmp_path, math_job, job_env):
-    math_job(tmp_path, train=4, test=2, dpo=3)
+def test_dpo_steps_train_on_the_pairs_people_labelled(tmp_path, math_job, job_env):
+    math_job(tmp_path, train=2 * STEPS + 1, test=2, dpo=2 * STEPS + 1)  # one of them skipped
     good, raw = {}, []
     for i, line in enumerate((tmp_path / "data" / "dpo" / "train.jsonl").read_text().splitlines()):
         row = json.loads(line)
@@ -80,8 +83,8 @@ def test_a_dpo_step_trains_on_the_pairs_people_labelled(tmp_path, math_job, job_
         mode="train",
         algorithm={"algorithm_type": "dpo", "repeat_times": None, "optimizer": {"lr": 1e-3}},
         buffer={
-            "train_batch_size": 4,  # the two labelled pairs, chosen and rejected
-            "total_steps": 1,
+            "train_batch_size": 4,  # two labelled pairs, chosen and rejected
+            "total_steps": STEPS,
             "explorer_input": None,
             "trainer_input": {
                 "experience_buffer": {
@@ -117,7 +120,7 @@ def test_a_dpo_step_trains_on_the_pairs_people_labelled(tmp_path, math_job, job_
     output = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, output
     assert f"label them at {api_url}/#labels?store=" in proc.stderr, output  # it said what it waited for
-    assert [d.get("choice") for d in done].count("skip") == 1 and len(done) == 3, done
+    assert [d.get("choice") for d in done].count("skip") == 1 and len(done) == 2 * STEPS + 1, done
 
     job_dir = tmp_path / "ckpt" / "e2e" / "human_dpo"
     rows = [json.loads(line) for line in (job_dir / "task_pipeline" / "train.jsonl").read_text().splitlines()]
@@ -126,4 +129,4 @@ def test_a_dpo_step_trains_on_the_pairs_people_labelled(tmp_path, math_job, job_
         (d["prompt"], good[d["prompt"]], "e2e") for d in sorted(labelled, key=lambda d: d["position"])
     ]
     trainer = read_scalars(Path(job_dir) / "monitor" / "tensorboard" / "trainer")
-    assert len(trainer["actor/dpo_loss"]) == 1, "one DPO step on the labelled pairs"
+    assert len(trainer["actor/dpo_loss"]) == STEPS, "DPO steps on the labelled pairs"

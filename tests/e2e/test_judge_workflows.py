@@ -1,4 +1,4 @@
-"""End to end: the three judge workflows of trinity-plugins-math train one step each through
+"""End to end: the three judge workflows of trinity-plugins-math train two steps each through
 `trinity run` (one job, one stage per workflow, tiny models on CPU).
 
 The judge of ``math_ruler_workflow`` and ``rubric_judge_workflow`` is the tiny model itself,
@@ -21,7 +21,7 @@ from trinity.testing.jobs import tiny_job, write_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-BATCH, REPEAT = 2, 2
+BATCH, REPEAT, STEPS = 2, 2, 2
 STAGES = ["ruler", "trainable_ruler", "rubric"]
 
 
@@ -71,13 +71,22 @@ def _config(root: Path) -> dict:
         algorithm={"repeat_times": REPEAT},
         # The judging prompt holds the question and every answer (one token per character).
         model={"max_prompt_tokens": 1536},
-        buffer={"total_steps": 1, "batch_size": BATCH, "explorer_input": {"default_reward_fn_type": None}},
+        buffer={
+            "total_steps": STEPS,
+            "batch_size": BATCH,
+            "explorer_input": {"default_reward_fn_type": None},
+        },
         explorer={"auxiliary_models": [judge]},
+        # The batch geometry counts rollouts: a train step of the trainable RULER's 8 experiences
+        # is two explore steps of 2 x 2, though each explore step makes 8 (answers and as many
+        # judgings). Strictly on-policy, the explorer would wait for the weights of a train step
+        # that waits for its second explore step; one step of lead lets both run.
+        synchronizer={"sync_offset": 1},
         stages=stages,
     )
 
 
-def test_judge_workflows_train_a_step_with_a_tiny_judge(tmp_path, math_job, trinity_run):
+def test_judge_workflows_train_two_steps_with_a_tiny_judge(tmp_path, math_job, trinity_run):
     from trinity.experience import Experience
     from trinity.monitor.tensorboard import read_scalars
 
@@ -102,12 +111,14 @@ def test_judge_workflows_train_a_step_with_a_tiny_judge(tmp_path, math_job, trin
         assert tag in scalars, sorted(scalars)
         return scalars[tag][-1][1]
 
-    # Every stage trained its step on what its explorer wrote.
-    assert [last(trainer[s], "trainer/num_experiences") for s in STAGES] == [4.0, 8.0, 4.0]
+    # Every stage trained each of its steps on what its explorer wrote.
+    for s, per_step in zip(STAGES, [4.0, 8.0, 4.0]):
+        assert [v for _, v in trainer[s]["trainer/num_experiences"]] == [per_step] * STEPS, s
     for stage in ("ruler", "rubric"):
         e = explorer[stage]
         # the tiny judge's replies hold no scores: every judging fell back, counted by kind
         assert last(e, "rollout/judge_success") == 0.0
+        assert len(e["rollout/judge_success"]) == STEPS
         assert sum(last(e, f"rollout/judge_{r}") for r in ("timeout", "error", "refused", "malformed")) == 1.0
         assert last(e, "rollout/reward_mean") == last(e, "rollout/reward_max") == 0.0  # fallback_reward
         assert last(e, "rollout/failed_tasks") == 0.0
@@ -118,9 +129,9 @@ def test_judge_workflows_train_a_step_with_a_tiny_judge(tmp_path, math_job, trin
     with sqlite3.connect(root / "buffer.db") as db:
         blobs = [Experience.deserialize(b) for (b,) in db.execute("select blob from exp_blobs")]
     judgings = [x for x in blobs if x.info.get("ruler") == "judge"]
-    assert len(judgings) == BATCH * REPEAT
+    assert len(judgings) == STEPS * BATCH * REPEAT
     assert all(str(x.eid.task).endswith("-ruler") and "judge_success" in x.metrics for x in judgings)
     answers = {x.eid.tid for x in blobs if x.info.get("ruler") != "judge" and "gold_reward" in x.metrics}
     assert not answers & {x.eid.tid for x in judgings}
     fallbacks = [x for x in blobs if "judge_failure" in x.info and x.info.get("ruler") != "judge"]
-    assert len(fallbacks) == 2 * BATCH * REPEAT  # every answer of the ruler and rubric stages
+    assert len(fallbacks) == 2 * STEPS * BATCH * REPEAT  # every answer of the ruler and rubric stages

@@ -1,9 +1,9 @@
 """End to end: the RAFT ALFWorld workflows in a `trinity run` job on CPU, with the tiny model.
 
-One explore/train step of ``algorithm_type: raft`` with ``RAFT_reflect_alfworld_workflow`` on a
+Two explore/train steps of ``algorithm_type: raft`` with ``RAFT_reflect_alfworld_workflow`` on a
 scripted household (``household_plugin/``: the registered workflows with their environment
 swapped, TextWorld needs the optional extra and downloaded games), and an eval of
-``RAFT_alfworld_workflow`` after it. The tiny model never answers in the three-block format, so
+``RAFT_alfworld_workflow`` after each. The tiny model never answers in the three-block format, so
 every first attempt is lost and followed by a second one with the first in its context; every
 Experience is a placeholder carrying the attempts' metrics, and the SFT step trains on none of
 them. (Attempts that are kept are covered with scripted policies in
@@ -23,6 +23,7 @@ pytestmark = pytest.mark.e2e
 PLUGIN = Path(__file__).parent / "household_plugin"
 GAME = {"task": "put a mug on desk 1", "receptacles": ["shelf 1", "table 1"], "where": "shelf 1"}
 GAME["goal"] = ["mug 1", "desk 1"]
+STEPS = 2
 
 
 @pytest.fixture(scope="module")
@@ -33,13 +34,13 @@ def job(tmp_path_factory, tiny_model, trinity_run) -> Path:
     games = root / "games"
     games.mkdir()
     rows = []
-    for i in range(3):
+    for i in range(2 * STEPS + 1):  # two games a step (batch_size 2), one to evaluate
         path = games / f"game_{i}.json"
         path.write_text(json.dumps(GAME))
         rows.append(json.dumps({"game_file": str(path), "target": ""}) + "\n")
     (root / "data").mkdir()
-    (root / "data" / "train.jsonl").write_text("".join(rows[:2]))
-    (root / "data" / "test.jsonl").write_text(rows[2])
+    (root / "data" / "train.jsonl").write_text("".join(rows[:-1]))
+    (root / "data" / "test.jsonl").write_text(rows[-1])
     fmt = {"prompt_key": "game_file", "response_key": "task_desc", "system_prompt": None}
     args = {"max_env_steps": 2}
     config = tiny_job(
@@ -49,7 +50,7 @@ def job(tmp_path_factory, tiny_model, trinity_run) -> Path:
         # The RAFT system prompt alone is ~2,200 characters (tokens, for the character-level model).
         model={"model_path": str(tiny_model()), "max_prompt_tokens": 4000, "max_model_len": 4096},
         buffer={
-            "total_steps": 1,
+            "total_steps": STEPS,
             "explorer_input": {
                 "taskset": tiny_taskset(
                     root,
@@ -83,7 +84,7 @@ def test_reflect_attempts_reach_the_buffer_as_placeholders_and_are_trained_on(jo
 
     with sqlite3.connect(job / "buffer.db") as db:
         rows = db.execute("select e.consumed, b.blob from exp e join exp_blobs b on b.id = e.id").fetchall()
-    assert len(rows) == 2 and all(consumed for consumed, _ in rows)
+    assert len(rows) == 2 * STEPS and all(consumed for consumed, _ in rows)
     for _, blob in rows:
         exp = Experience.deserialize(blob)
         assert exp.info["raft_kept"] is False and exp.info["second_attempt_failed"] is False
@@ -97,11 +98,11 @@ def test_metrics_of_both_workflows_are_logged(job):
 
     monitor = job / "ckpt" / "e2e" / "raft" / "monitor" / "tensorboard"
     explorer = read_scalars(monitor / "explorer")
-    assert [v for _, v in explorer["rollout/raft_kept"]] == [0.0]
-    assert [v for _, v in explorer["rollout/second_steps"]] == [2.0]
-    assert [v for _, v in explorer["eval/household-eval/accuracy"]] == [0.0]
-    assert [v for _, v in explorer["eval/household-eval/steps"]] == [2.0]
+    assert [v for _, v in explorer["rollout/raft_kept"]] == [0.0] * STEPS
+    assert [v for _, v in explorer["rollout/second_steps"]] == [2.0] * STEPS
+    assert [v for _, v in explorer["eval/household-eval/accuracy"]] == [0.0] * STEPS
+    assert [v for _, v in explorer["eval/household-eval/steps"]] == [2.0] * STEPS
     trainer = read_scalars(monitor / "trainer")
-    # The raft stage ran on the two placeholders: nothing kept, nothing in the SFT loss.
-    assert [v for _, v in trainer["advantage/kept_count"]] == [0.0]
-    assert [v for _, v in trainer["actor/loss"]] == [0.0]
+    # Each raft step ran on its two placeholders: nothing kept, nothing in the SFT loss.
+    assert [v for _, v in trainer["advantage/kept_count"]] == [0.0] * STEPS
+    assert [v for _, v in trainer["actor/loss"]] == [0.0] * STEPS

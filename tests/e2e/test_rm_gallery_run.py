@@ -1,6 +1,6 @@
 """End to end: Trinity-RFT's grpo_math example (math_rm_workflow + rm_gallery_reward with
 RM-Gallery's math_verify_reward; stored unchanged in trinity-plugins-math/tests/upstream_configs/)
-trains a step on CPU with the tiny model, RM-Gallery scoring in the explorer's runners.
+trains two steps on CPU with the tiny model, RM-Gallery scoring in the explorer's runners.
 
 The job is upstream's YAML with only what a CPU machine needs changed (tiny model and data, batch
 and repeat sizes, the transformers engine and native trainer, the default synchronizer instead
@@ -28,9 +28,10 @@ pytestmark = [
 ]
 
 UPSTREAM = Path(__file__).parents[2] / "trinity-plugins-math" / "tests" / "upstream_configs"
+STEPS = 2
 
 
-def test_grpo_math_trains_a_step_scored_by_rm_gallery(tmp_path, math_job, trinity_run):
+def test_grpo_math_trains_steps_scored_by_rm_gallery(tmp_path, math_job, trinity_run):
     from trinity.monitor.tensorboard import read_scalars
 
     root = math_job(tmp_path, train=4, test=1)
@@ -49,7 +50,7 @@ def test_grpo_math_trains_a_step_scored_by_rm_gallery(tmp_path, math_job, trinit
             "model": {"model_path": f"{root}/model", "max_prompt_tokens": 128, "max_response_tokens": 8},
             "buffer": {
                 "batch_size": 2,
-                "total_steps": 1,
+                "total_steps": STEPS,
                 "explorer_input": {"taskset": {"path": f"{root}/math"}},
                 "trainer_input": {
                     "experience_buffer": {"storage_type": "sql", "path": f"sqlite:///{root}/buffer.db"}
@@ -69,5 +70,5 @@ def test_grpo_math_trains_a_step_scored_by_rm_gallery(tmp_path, math_job, trinit
     trainer = read_scalars(job / "monitor" / "tensorboard" / "trainer")
     # RM-Gallery scored every rollout (its dimension is the reward's part), none failed.
     assert "rollout/math_verify" in explorer, sorted(explorer)
-    assert explorer["rollout/reward_failed"][-1][1] == 0.0
-    assert trainer["trainer/num_experiences"][-1][1] == 4.0
+    assert [v for _, v in explorer["rollout/reward_failed"]] == [0.0] * STEPS
+    assert [v for _, v in trainer["trainer/num_experiences"]] == [4.0] * STEPS
