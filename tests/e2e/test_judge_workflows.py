@@ -45,7 +45,9 @@ def _config(root: Path) -> dict:
         },
         {
             "stage_name": "trainable_ruler",
-            # The answers and as many judgings: twice the usual batch.
+            # The answers and as many judgings: twice the usual batch, still one explore step
+            # (the workflow's experiences_per_rollout is 2 with its reference always used), so
+            # the stage runs strictly on-policy.
             "buffer": {
                 "train_batch_size": 2 * BATCH * REPEAT,
                 "explorer_input": {
@@ -77,11 +79,6 @@ def _config(root: Path) -> dict:
             "explorer_input": {"default_reward_fn_type": None},
         },
         explorer={"auxiliary_models": [judge]},
-        # The batch geometry counts rollouts: a train step of the trainable RULER's 8 experiences
-        # is two explore steps of 2 x 2, though each explore step makes 8 (answers and as many
-        # judgings). Strictly on-policy, the explorer would wait for the weights of a train step
-        # that waits for its second explore step; one step of lead lets both run.
-        synchronizer={"sync_offset": 1},
         stages=stages,
     )
 

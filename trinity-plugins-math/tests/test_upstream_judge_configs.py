@@ -106,3 +106,26 @@ def test_trinity_run_dry_run(upstream_env, name, workflow, cls, judges):
     result = CliRunner().invoke(cli, ["run", "--config", str(UPSTREAM / name), "--dry-run"])
     assert result.exit_code == 0, result.output[-2000:]
     assert f"default_workflow_type: {workflow}" in result.output
+
+
+def test_the_trainable_rulers_geometry_counts_its_judgings(upstream_env):
+    # Trinity-RFT sizes the train batch to an explore step's experiences: 96 tasks x 8 answers,
+    # and a judging beside each answer of the 20% of tasks that use their reference (960 ~ 921.6).
+    g = load_config(UPSTREAM / "grpo_gsm8k_trainable_ruler.yaml").geometry
+    assert g.experiences_per_rollout == pytest.approx(1.2)
+    assert g.experiences_per_explore_step == pytest.approx(96 * 8 * 1.2)
+    assert g.explore_steps_per_train_step == pytest.approx(960 / 921.6)
+    # Rollouts alone would call a train step 1.25 explore steps: the trainer would fall behind.
+    assert [g.explore_steps_through(t) for t in (1, 4, 24)] == [2, 5, 25]
+
+
+def test_a_ground_truth_probability_out_of_range_is_a_config_error_at_its_key(upstream_env, tmp_path):
+    import yaml
+
+    from trinity.config import ConfigError
+
+    data = yaml.safe_load((UPSTREAM / "grpo_gsm8k_trainable_ruler.yaml").read_text())
+    data["buffer"]["explorer_input"]["taskset"]["workflow_args"] = {"ground_truth_probability": 1.5}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"tasksets\[0\]\.workflow_args.*must be in \[0, 1\], got 1.5"):
+        load_config(tmp_path / "bad.yaml")

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 from trinity.algorithm.component import Component
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from trinity.config import FormatConfig, GenerationConfig
     from trinity.experience import Experience
 
@@ -119,6 +121,19 @@ class Workflow(ABC):
         """Called by the runner: how many rollouts to produce, and the first run id to use."""
         self.repeat_times = repeat_times
         self.run_id_base = run_id_base
+
+    @classmethod
+    def experiences_per_rollout(cls, workflow_args: Mapping[str, Any]) -> float:
+        """Experiences one rollout of this workflow makes, on average, for a training taskset
+        with these ``workflow_args`` (default 1).
+
+        The batch geometry (:class:`trinity.config.geometry.BatchGeometry`) divides a training
+        batch by it to know how many explore steps fill one. A workflow that adds experiences of
+        its own besides its rollouts (the trainable RULER's judgings, trained beside the
+        answers) says how many; step-wise workflows, one experience per turn, need not (their
+        algorithm types read one explore step per train step whatever it holds).
+        """
+        return 1.0
 
     @classmethod
     def row_problem(cls, row: dict[str, Any], format_args: Any) -> str | None:

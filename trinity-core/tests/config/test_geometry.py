@@ -42,6 +42,21 @@ def test_train_steps_and_explore_steps_map_both_ways(train_batch_size, through, 
     assert [g.train_step_reading(e) for e in (1, 2, 3, 4, 5)] == reading
 
 
+def test_workflows_that_train_more_than_their_rollouts_fill_a_batch_in_fewer_explore_steps():
+    # Each rollout makes two experiences (an answer and a judging, say): a train batch of 24 is
+    # one explore step of 3 tasks x 4 rollouts, not two.
+    g = BatchGeometry("grpo", 3, 4, experiences_per_train_step=24, experiences_per_rollout=2.0)
+    assert (g.experiences_per_explore_step, g.explore_steps_per_train_step) == (24.0, 1.0)
+    assert [g.explore_steps_through(t) for t in (1, 2, 3)] == [1, 2, 3]
+
+
+def test_workflows_train_one_experience_per_rollout_unless_they_say_otherwise():
+    from trinity.workflow import Workflow
+
+    assert Workflow.experiences_per_rollout({}) == 1.0
+    assert resolved().geometry.experiences_per_rollout == 1.0
+
+
 def test_the_geometry_travels_with_the_config():
     config = resolved(train_batch_size=24)
     assert pickle.loads(pickle.dumps(config)).geometry == config.geometry  # to Ray actors

@@ -47,6 +47,8 @@ from trinity_math.judge import (
 from trinity_math.workflows import MathWorkflow
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from trinity.experience import Experience
 
 #: Trinity-RFT's chance that a task's reference answer is used (math_trainable_ruler_workflow).
@@ -173,14 +175,24 @@ class MathTrainableRULERWorkflow(MathWorkflow):
     def display_name(self) -> str:
         return self.workflow_name
 
-    def _configure(self, workflow_args: dict[str, Any]) -> None:
-        args = workflow_args_of(workflow_args, self.WORKFLOW_ARGS, self.workflow_name)
+    @classmethod
+    def _ground_truth_probability(cls, args: Mapping[str, Any]) -> float:
         p = float(args.get("ground_truth_probability", GROUND_TRUTH_PROBABILITY))
         if not 0.0 <= p <= 1.0:
             raise ValueError(
-                f"{self.workflow_name}: workflow_args.ground_truth_probability must be in [0, 1], got {p}"
+                f"{cls.workflow_name}: workflow_args.ground_truth_probability must be in [0, 1], got {p}"
             )
-        self.ground_truth_probability = p
+        return p
+
+    @classmethod
+    def experiences_per_rollout(cls, workflow_args: Mapping[str, Any]) -> float:
+        """Each answer, and with probability ``ground_truth_probability`` a judging beside it
+        (a task that uses its reference is judged ``repeat_times`` times, each trained)."""
+        return 1.0 + cls._ground_truth_probability(workflow_args)
+
+    def _configure(self, workflow_args: dict[str, Any]) -> None:
+        args = workflow_args_of(workflow_args, self.WORKFLOW_ARGS, self.workflow_name)
+        self.ground_truth_probability = self._ground_truth_probability(args)
         _, _, self.fallback_reward = judge_settings(
             {"fallback_reward": args.get("fallback_reward", 0.0)}, self.workflow_name
         )

@@ -35,6 +35,9 @@ class BatchGeometry:
         explored_per_train_step: of ``experiences_per_train_step``, those that come from the
             explorer (``AlgorithmType.explored_per_train_step``; ``mix`` reads the rest from its
             expert buffer); ``None``: all of them.
+        experiences_per_rollout: experiences a rollout of the training tasksets' workflows
+            makes on average (``Workflow.experiences_per_rollout``; 1 unless a workflow trains
+            more than its rollouts, as the trainable RULER's judgings).
     """
 
     algorithm_type: str
@@ -43,11 +46,18 @@ class BatchGeometry:
     experiences_per_train_step: int
     step_wise: bool = False
     explored_per_train_step: int | None = None
+    experiences_per_rollout: float = 1.0
 
     @property
     def rollouts_per_explore_step(self) -> int:
         """Trajectories an explore step makes: tasks x repeats."""
         return self.tasks_per_explore_step * self.repeat_times
+
+    @property
+    def experiences_per_explore_step(self) -> float:
+        """Experiences an explore step writes, on average: its rollouts, and what the workflows
+        add to them (:attr:`experiences_per_rollout`)."""
+        return self.rollouts_per_explore_step * self.experiences_per_rollout
 
     @property
     def explore_steps_per_train_step(self) -> float:
@@ -58,7 +68,7 @@ class BatchGeometry:
         explored = self.experiences_per_train_step
         if self.explored_per_train_step is not None:
             explored = self.explored_per_train_step
-        return max(_EPS, explored / max(1, self.rollouts_per_explore_step))
+        return max(_EPS, explored / max(1.0, self.experiences_per_explore_step))
 
     def explore_steps_through(self, train_step: int) -> int:
         """The last explore step that train steps ``1..train_step`` read."""
@@ -81,4 +91,24 @@ def batch_geometry(config: Config, step_wise: bool, explored: int | None = None)
         step_wise=step_wise,
         # None when the explorer supplies the whole batch, so such geometries compare equal.
         explored_per_train_step=None if explored == b.train_batch_size else explored,
+        experiences_per_rollout=1.0 if step_wise else _experiences_per_rollout(config),
     )
+
+
+def _experiences_per_rollout(config: Config) -> float:
+    """The mean of ``Workflow.experiences_per_rollout`` over the training tasksets (1 for a
+    taskset whose rows name their own workflow: nothing is known of them before they run)."""
+    from trinity.config.errors import ConfigError
+    from trinity.plugins import get_component
+
+    factors = []
+    for i, ts in enumerate(config.buffer.explorer_input.tasksets):
+        if not ts.default_workflow_type or ts.format.workflow_key:
+            factors.append(1.0)
+            continue
+        workflow = get_component("workflow", ts.default_workflow_type)
+        try:
+            factors.append(float(workflow.experiences_per_rollout(ts.workflow_args or {})))
+        except (TypeError, ValueError) as exc:  # a workflow arg it cannot read
+            raise ConfigError(str(exc), key=f"buffer.explorer_input.tasksets[{i}].workflow_args") from None
+    return sum(factors) / len(factors) if factors else 1.0
