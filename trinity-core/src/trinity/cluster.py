@@ -34,7 +34,16 @@ from trinity.config.ray_address import resolve_address
 logger = logging.getLogger("trinity.cluster")
 
 #: Environment variables (besides ``TRINITY_*``) that travel to every actor of the job.
-TRAVELLING_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS")
+TRAVELLING_ENV = (
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "TOKENIZERS_PARALLELISM",
+    "OMP_NUM_THREADS",
+    # How torch's OpenMP threads wait between parallel regions: left as OpenMP has it (they spin
+    # a while, which pays on a quiet machine), a user's choice reaches every actor.
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+)
 
 # Seconds to wait for a TCP connection to the head before calling it unreachable.
 _REACH_TIMEOUT_S = 5.0

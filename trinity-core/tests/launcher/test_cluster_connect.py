@@ -44,6 +44,16 @@ def test_trinity_and_offline_variables_travel_to_the_actors():
     assert env == {"TRINITY_X": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+def test_a_users_openmp_wait_settings_travel_to_the_actors():
+    env = travelling_env({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000", "OMP_NUM_THREADS": "1"})
+    assert (env["OMP_WAIT_POLICY"], env["GOMP_SPINCOUNT"], env["OMP_NUM_THREADS"]) == (
+        "PASSIVE",
+        "10000",
+        "1",
+    )
+    assert "OMP_WAIT_POLICY" not in travelling_env({})  # OpenMP's own default otherwise
+
+
 def test_token_is_found_where_ray_looks_in_rays_order(tmp_path: Path):
     home = tmp_path / "home"
     assert token_source({}, home) is None
