@@ -1,12 +1,14 @@
 """Native trainer step time against a minimal hand-written PyTorch loop, in the same run.
 
 Both sides train the same locally created model (Qwen2 layout, hidden 256, 4 layers) on the
-same batch (16 rows: 32 prompt + 96 response tokens) with the same work per step: one forward
+same batch (16 rows: 32 prompt + 96 response tokens; ``--shape quickstart``: the quickstart's GRPO
+batch, 16 tasks x 8 rollouts of 24 prompt + 48 response tokens, on its 128-wide, 2-layer model)
+with the same work per step: one forward
 pass scoring the response tokens, a PPO-style clipped policy-gradient loss with group-normalised
 advantages, backward, gradient clipping, AdamW and a scheduler step. The trainer runs GRPO with
 the KL loss off (so, like the baseline, it needs no reference model).
 
-    python benchmarks/train_step.py [--steps 10] [--device cpu|cuda]
+    python benchmarks/train_step.py [--steps 10] [--device cpu|cuda] [--shape default|quickstart]
 
 Prints the median step time of each and the ratio trainer / baseline (target <= 1.10).
 """
@@ -17,6 +19,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -27,26 +30,45 @@ from trinity.testing.tiny_model import create_tiny_model
 from trinity.trainer.batch import build_batch, to_device
 from trinity.trainer.native import NativeTrainer
 
-ROWS, PROMPT, RESPONSE, GROUP = 16, 32, 96, 4
+
+@dataclass(frozen=True)
+class Shape:
+    """A batch (rows of prompt + response tokens, rollouts per task) and the model it trains."""
+
+    rows: int
+    prompt: int
+    response: int
+    group: int
+    hidden: int
+    layers: int
+    heads: int
 
 
-def make_experiences(vocab: int, seed: int = 0) -> list[Experience]:
+SHAPES = {
+    "default": Shape(rows=16, prompt=32, response=96, group=4, hidden=256, layers=4, heads=8),
+    # The quickstart's GRPO step: 16 tasks x 8 rollouts, "<think>..</think><answer>..</answer>"
+    # answers of about 48 tokens after a 24-token chat prompt, its ~300k-parameter model.
+    "quickstart": Shape(rows=128, prompt=24, response=48, group=8, hidden=128, layers=2, heads=4),
+}
+
+
+def make_experiences(vocab: int, shape: Shape, seed: int = 0) -> list[Experience]:
     g = torch.Generator().manual_seed(seed)
     out = []
-    for i in range(ROWS):
-        tokens = torch.randint(4, vocab, (PROMPT + RESPONSE,), generator=g)
+    for i in range(shape.rows):
+        tokens = torch.randint(4, vocab, (shape.prompt + shape.response,), generator=g)
         out.append(
             Experience(
                 tokens=tokens,
-                prompt_length=PROMPT,
+                prompt_length=shape.prompt,
                 reward=float(i % 2),
-                eid=EID(batch=0, task=i // GROUP, run=i % GROUP),
+                eid=EID(batch=0, task=i // shape.group, run=i % shape.group),
             )
         )
     return out
 
 
-def make_trainer(model_path: str, job_root: str, device: str) -> NativeTrainer:
+def make_trainer(model_path: str, job_root: str, device: str, shape: Shape) -> NativeTrainer:
     config = resolve_config(
         validate_config(
             {
@@ -54,17 +76,17 @@ def make_trainer(model_path: str, job_root: str, device: str) -> NativeTrainer:
                 "checkpoint_root_dir": job_root,
                 "model": {
                     "model_path": model_path,
-                    "max_prompt_tokens": PROMPT,
-                    "max_response_tokens": RESPONSE,
+                    "max_prompt_tokens": shape.prompt,
+                    "max_response_tokens": shape.response,
                 },
                 "algorithm": {
                     "algorithm_type": "grpo",
-                    "repeat_times": GROUP,
+                    "repeat_times": shape.group,
                     "kl_loss_fn": "none",
                     "optimizer": {"lr": 1e-5},
                 },
                 "buffer": {
-                    "batch_size": ROWS // GROUP,
+                    "batch_size": shape.rows // shape.group,
                     "trainer_input": {
                         "experience_buffer": {
                             "name": "exp",
@@ -83,7 +105,8 @@ def make_trainer(model_path: str, job_root: str, device: str) -> NativeTrainer:
 class Baseline:
     """The hand-written loop: what a person would write for one PPO/GRPO step."""
 
-    def __init__(self, model_path: str, device: str, dtype: torch.dtype) -> None:
+    def __init__(self, model_path: str, device: str, dtype: torch.dtype, shape: Shape) -> None:
+        self.shape = shape
         from transformers import AutoModelForCausalLM
 
         self.device, self.dtype = torch.device(device), dtype
@@ -95,7 +118,8 @@ class Baseline:
 
     def step(self, batch: dict) -> float:
         ids, mask, rmask = batch["input_ids"], batch["attention_mask"], batch["action_mask"]
-        scores = batch["rewards"].view(-1, GROUP)
+        rows, prompt, response = self.shape.rows, self.shape.prompt, self.shape.response
+        scores = batch["rewards"].view(-1, self.shape.group)
         adv = ((scores - scores.mean(-1, keepdim=True)) / (scores.std(-1, keepdim=True) + 1e-6)).view(-1, 1)
         ctx = (
             torch.autocast(self.device.type, dtype=self.dtype)
@@ -110,14 +134,14 @@ class Baseline:
                     attention_mask=mask,
                     position_ids=batch["position_ids"],
                     use_cache=False,
-                    logits_to_keep=RESPONSE + 1,
+                    logits_to_keep=response + 1,
                 )
                 .logits[:, :-1]
                 .float()
             )
         logp = -torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), ids[:, PROMPT:].reshape(-1), reduction="none"
-        ).view(ROWS, -1)
+            logits.reshape(-1, logits.shape[-1]), ids[:, prompt:].reshape(-1), reduction="none"
+        ).view(rows, -1)
         ratio = torch.exp(logp - logp.detach())
         loss_mat = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
         loss = (loss_mat * rmask).sum() / rmask.sum()
@@ -138,13 +162,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="default")
     args = parser.parse_args()
+    shape = SHAPES[args.shape]
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = str(create_tiny_model(f"{tmp}/model", hidden_size=256, num_layers=4, num_heads=8))
-        trainer = make_trainer(path, f"{tmp}/ckpt", args.device)
-        baseline = Baseline(path, args.device, trainer.compute_dtype)
-        exps = make_experiences(trainer.model.config.vocab_size)
+        path = str(
+            create_tiny_model(
+                f"{tmp}/model", hidden_size=shape.hidden, num_layers=shape.layers, num_heads=shape.heads
+            )
+        )
+        trainer = make_trainer(path, f"{tmp}/ckpt", args.device, shape)
+        baseline = Baseline(path, args.device, trainer.compute_dtype, shape)
+        exps = make_experiences(trainer.model.config.vocab_size, shape)
         batch = to_device(build_batch(exps, trainer.pad_token_id), args.device)
         times: dict[str, list[float]] = {"trainer": [], "baseline": []}
         # Interleaved, so both sides see the same machine load (other processes, clocks).
@@ -162,7 +192,7 @@ def main() -> None:
         med = {k: statistics.median(v) for k, v in times.items()}
         best = {k: min(v) for k, v in times.items()}
         print(
-            f"device={args.device} dtype={trainer.compute_dtype} rows={ROWS} tokens/row={PROMPT + RESPONSE} "
+            f"device={args.device} dtype={trainer.compute_dtype} rows={shape.rows} tokens/row={shape.prompt + shape.response} "
             f"steps={args.steps} threads={torch.get_num_threads()}"
         )
         for label, name in (("baseline (hand-written loop)", "baseline"), ("native trainer", "trainer")):
