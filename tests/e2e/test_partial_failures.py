@@ -174,15 +174,16 @@ def test_a_fresh_run_on_a_used_sql_buffer_writes_beside_the_old_rows(root, chaos
     assert chaos_run.returncode == 0
     first = _uids(root / "buffer.db")
     assert first and all(uid.startswith("e2e/chaos:") for uid in first)
-    # Same name, continue_from_checkpoint false: the run is renamed chaos_<timestamp>.
-    again = _run(root, job_env, name="chaos", workflow="chaos_workflow", steps=2)
+    # Same name, continue_from_checkpoint false: the run is renamed chaos_<timestamp>. One step
+    # is enough: it explores the same first tasks the first run's step 1 did.
+    again = _run(root, job_env, name="chaos", workflow="chaos_workflow", steps=1)
     out = again.stdout + again.stderr
     assert again.returncode == 0, out[-4000:]
     assert "running as 'chaos_" in out
-    assert "[trinity] done: 2 train steps" in out
+    assert "[trinity] done: 1 train steps" in out
     assert "already stored" not in out
     second = [uid for uid in _uids(root / "buffer.db") if uid not in first]
-    assert len(second) == len(first) == 6
+    assert len(first) == 6 and len(second) == 3  # its step's rows, beside both steps' of the first run
     assert all(uid.startswith("e2e/chaos_") for uid in second)
 
 
