@@ -73,8 +73,12 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _stop_head(pgid: int, temp_dir: Path) -> None:
-    """Stop this head only: its process group, SIGTERM then (after 5 s) SIGKILL."""
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+    """Stop this head only: its process group, SIGTERM then (after 1 s) SIGKILL.
+
+    The agents that stop on SIGTERM are gone within 0.2 s; the GCS server, the raylet, the
+    autoscaler's monitor and the runtime-env agent were still running 15 s after it (measured),
+    so a longer grace only waited for the SIGKILL."""
+    for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
         deadline = time.monotonic() + grace
