@@ -123,6 +123,20 @@ class StepLoop:
         self.explore_job = ExploreJobSync(synchronizer, config.synchronizer.sync_timeout)
         self.weights: WeightTransport | None = None
         self.checkpoint_sync = config.synchronizer.sync_method == "checkpoint"
+        # A train-only job publishes its weights for an explore job only where one can feed it
+        # while it trains: an explore job writes to an sql or queue buffer, while a job reading
+        # files (SFT, DPO rows) trains on what they hold and ends. Publishing there would save a
+        # checkpoint every sync interval for nobody (the DPO example: one a step, 30 MB for the
+        # tiny model); trainer.save_interval still keeps the run's checkpoints.
+        exp = config.buffer.trainer_input.experience_buffer
+        reads_files = exp is not None and exp.storage_type == "file"
+        self.publishes = explorer is None and not reads_files
+        if explorer is None and reads_files and self.checkpoint_sync:
+            logger.info(
+                "train-only job reading files (%s): no weights are published for an explore job "
+                "(none can feed it); checkpoints follow trainer.save_interval",
+                exp.path,
+            )
         self.geometry = config.geometry
         self.explorer_job: ExplorerJobBroadcast | None = None
         if explorer is None and self.cross_job_nccl:
@@ -394,7 +408,7 @@ class StepLoop:
         metrics = result.metrics
         if metrics.get("trainer/empty_step"):
             self.empty_train_steps += 1
-        publishes = self.explorer is None and self.synchronizer.is_publish_step(self.trainer_step)
+        publishes = self.publishes and self.synchronizer.is_publish_step(self.trainer_step)
         if publishes and self.checkpoint_sync:
             # Train-only: publish the weights for the explorer job (sync_method checkpoint).
             path, version = self.get(self.trainer.save_weights.remote(), "trainer checkpoint save")

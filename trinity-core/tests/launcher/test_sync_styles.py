@@ -181,13 +181,21 @@ def _config(
     timeout=60,
     mode="both",
     eval_interval=0,
+    storage_type="sql",
 ):
     return SimpleNamespace(
         name="job",
         mode=mode,
         checkpoint_job_dir=str(tmp_path),
         algorithm=SimpleNamespace(algorithm_type="grpo", repeat_times=2),
-        buffer=SimpleNamespace(total_steps=steps, batch_size=2, train_batch_size=4),
+        buffer=SimpleNamespace(
+            total_steps=steps,
+            batch_size=2,
+            train_batch_size=4,
+            trainer_input=SimpleNamespace(
+                experience_buffer=SimpleNamespace(storage_type=storage_type, path=f"{tmp_path}/rows")
+            ),
+        ),
         trainer=SimpleNamespace(total_steps=None),
         explorer=SimpleNamespace(
             name="explorer",
@@ -599,6 +607,20 @@ def test_train_only_saves_a_checkpoint_every_trainer_sync_interval(tmp_path, mon
     StepLoop(ray, config, None, trainer, Synchronizer.from_config(config.synchronizer), monitors).run()
     assert trainer.saved == [2, 4]
     assert ray.ordered()[:5] == ["train 1", "train 2", "save 2", "train 3", "train 4"]
+
+
+def test_a_train_only_job_reading_files_publishes_nothing_for_an_explore_job(tmp_path, caplog):
+    """SFT or DPO rows from files: no explore job can feed the trainer, so no checkpoint is saved
+    every sync interval for one (trainer.save_interval keeps the run's own); said once."""
+    ray = FakeRay()
+    config = _config(tmp_path, method="checkpoint", mode="train", steps=5, interval=1, storage_type="file")
+    trainer = FakeTrainer(ray, 1, None)
+    monitors = {"explorer": Monitor(), "trainer": Monitor()}
+    with caplog.at_level("INFO", logger="trinity"):
+        StepLoop(ray, config, None, trainer, Synchronizer.from_config(config.synchronizer), monitors).run()
+    assert trainer.saved == []
+    assert ray.ordered()[:5] == [f"train {i}" for i in range(1, 6)]
+    assert caplog.text.count("no weights are published for an explore job") == 1
 
 
 def test_a_lead_no_train_step_can_close_fails_with_a_message(tmp_path, monkeypatch):
