@@ -44,6 +44,27 @@ def write_image_rows(root: Path) -> Path:
     return model
 
 
+def image_job(root: Path, upstream_yaml: str, overrides: dict) -> Path:
+    """Upstream's ``upstream_yaml`` on CPU (``upstream_on_cpu``) with what both runs here change
+    alike (the tiny Qwen2-VL and the image tasks of :func:`write_image_rows`, 2 tasks x 2
+    rollouts a step) and ``overrides`` merged in; the job file, written under ``root``."""
+    from trinity.testing.jobs import deep_merge, upstream_on_cpu, write_job
+
+    model = write_image_rows(root)
+    upstream = yaml.safe_load((UPSTREAM / upstream_yaml).read_text())
+    common = {
+        "checkpoint_root_dir": f"{root}/ckpt",
+        "algorithm": {"repeat_times": 2},
+        "model": {"model_path": str(model), "max_response_tokens": 6, "max_model_len": 400},
+        "buffer": {
+            "batch_size": 2,
+            "explorer_input": {"taskset": {"path": f"{root}/tasks", "subset_name": None}},
+        },
+    }
+    # Merged in turn, so that a None in ``overrides`` removes upstream's key.
+    return write_job(root / "job.yaml", deep_merge(upstream_on_cpu(upstream, common), overrides))
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
@@ -51,18 +72,13 @@ def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
     the tiny Qwen2-VL, local rows with images (tasks and expert SFT rows), small batches, the
     transformers engine and native trainer, the default synchronizer."""
     from trinity.monitor.tensorboard import read_scalars
-    from trinity.testing.jobs import upstream_on_cpu, write_job
 
     root = tmp_path
-    model = write_image_rows(root)
-
-    upstream = yaml.safe_load((UPSTREAM / "mix_vlm" / "mix_vlm.yaml").read_text())
-    config = upstream_on_cpu(
-        upstream,
+    job_file = image_job(
+        root,
+        "mix_vlm/mix_vlm.yaml",
         {
-            "checkpoint_root_dir": f"{root}/ckpt",
             "algorithm": {
-                "repeat_times": 2,
                 # Upstream's 256 + 64 rows: left to config resolution (the mix split of 4 rows).
                 "policy_loss_fn_args": {
                     "ppo_mini_batch_size": 5,
@@ -71,14 +87,11 @@ def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
                     "ngpus_trainer": 1,
                 },
             },
-            "model": {"model_path": str(model), "max_response_tokens": 6, "max_model_len": 400},
             "buffer": {
                 "total_epochs": 2,  # two explore steps of the 2 tasks: two train steps
-                "batch_size": 2,
                 # Upstream's proportions (320 = 256 rollouts + 64 expert rows at ratio 0.2):
                 # one explore step's 4 rollouts (2 tasks x 2) plus 1 expert row per train step.
                 "train_batch_size": 5,
-                "explorer_input": {"taskset": {"path": f"{root}/tasks", "subset_name": None}},
                 "trainer_input": {
                     "experience_buffer": {"storage_type": "sql", "path": f"sqlite:///{root}/buffer.db"},
                     "auxiliary_buffers": {"sft_dataset": {"path": f"{root}/sft", "total_epochs": 2}},
@@ -86,7 +99,7 @@ def test_mix_vlm_trains_mix_chord_on_image_rows(tmp_path, trinity_run):
             },
         },
     )
-    trinity_run(write_job(root / "job.yaml", config))
+    trinity_run(job_file)
 
     job = root / "ckpt" / "Trinity-RFT" / "mix_vlm"
     trainer = read_scalars(job / "monitor" / "tensorboard" / "trainer")
@@ -103,25 +116,9 @@ def test_grpo_vlm_trains_grpo_on_image_rows(tmp_path, trinity_run):
     """One explore/train step of upstream's grpo_vlm (simple_mm_workflow, math_boxed_reward)
     with only what a CPU machine needs changed, as the mix_vlm run above."""
     from trinity.monitor.tensorboard import read_scalars
-    from trinity.testing.jobs import upstream_on_cpu, write_job
 
     root = tmp_path
-    model = write_image_rows(root)
-    upstream = yaml.safe_load((UPSTREAM / "grpo_vlm" / "vlm.yaml").read_text())
-    config = upstream_on_cpu(
-        upstream,
-        {
-            "checkpoint_root_dir": f"{root}/ckpt",
-            "algorithm": {"repeat_times": 2},
-            "model": {"model_path": str(model), "max_response_tokens": 6, "max_model_len": 400},
-            "buffer": {
-                "batch_size": 2,
-                "train_batch_size": 4,
-                "explorer_input": {"taskset": {"path": f"{root}/tasks", "subset_name": None}},
-            },
-        },
-    )
-    trinity_run(write_job(root / "job.yaml", config))
+    trinity_run(image_job(root, "grpo_vlm/vlm.yaml", {"buffer": {"train_batch_size": 4}}))
 
     tb = root / "ckpt" / "Trinity-RFT" / "grpo_vlm" / "monitor" / "tensorboard"
     trainer = read_scalars(tb / "trainer")
