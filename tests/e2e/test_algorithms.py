@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -207,6 +208,24 @@ def test_each_algorithm_type_trains_finite_and_changes_the_weights(job, index):
     diffs = [(after[k] - before[k]).abs().max().item() for k in after if after[k].dtype.is_floating_point]
     assert max(diffs) > 0, f"stage {name}: training did not change the weights"
     assert all(torch.isfinite(t).all() for t in after.values())
+
+
+def test_a_stage_runs_its_roles_in_the_previous_stages_processes(job):
+    """A stage's explorer and trainer serve the next stage that runs the same role, restarted in
+    place (:mod:`trinity.stage_actors`); ``cpt`` trains alone, so the stage after it starts a
+    new explorer. The weights each stage starts from are checked above."""
+    algos = job / "ckpt" / "e2e" / "algos"
+    for role in ("explorer", "trainer"):
+        pids: set[str] = set()  # the processes a run of consecutive stages had
+        for previous, name in zip([None, *STAGES], STAGES):
+            log = algos / name / "log" / f"{role}.log"
+            ran_before = previous is not None and (algos / previous / "log" / f"{role}.log").is_file()
+            restarted = (
+                re.findall(r"restarted in place: process (\d+)", log.read_text()) if log.is_file() else []
+            )
+            assert len(restarted) == (1 if ran_before and log.is_file() else 0), (role, name, restarted)
+            pids = pids | set(restarted) if restarted else set()
+            assert len(pids) <= 1, (role, name, pids)
 
 
 def _last_checkpoint(stage: str, job: Path) -> Path:

@@ -3,11 +3,13 @@
 The actors are thin: they give each role its own process, a log file under
 ``<job_dir>/log/<actor>.log``, the same plugins as the driver (``TRINITY_PLUGIN_DIRS`` travels with the
 environment: see :func:`trinity.cluster.travelling_env`), and translate between Ray object refs
-and plain calls.
+and plain calls. An actor serves one stage, or several in turn: :meth:`restart` builds the
+role anew for the job's next stage in the same process (see :mod:`trinity.stage_actors`).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -22,7 +24,8 @@ if TYPE_CHECKING:
     from trinity.sync.group import GroupSpec
 
 
-def _setup_actor(config: Config, actor_name: str) -> logging.Logger:
+def _setup_actor(config: Config, actor_name: str) -> tuple[logging.Logger, logging.Handler]:
+    """The actor's log file for this stage (attached to the job's loggers) and its logger."""
     from trinity.plugins import check_plugins
     from trinity.report import job_loggers
 
@@ -39,7 +42,16 @@ def _setup_actor(config: Config, actor_name: str) -> logging.Logger:
         logger = logging.getLogger(name)
         logger.addHandler(handler)
         logger.setLevel(getattr(logging, str(config.log.level).upper(), logging.INFO))
-    return logging.getLogger(f"trinity.{actor_name}")
+    return logging.getLogger(f"trinity.{actor_name}"), handler
+
+
+def _drop_log_file(handler: logging.Handler) -> None:
+    """Detach a previous stage's log file from the job's loggers (the next stage has its own)."""
+    from trinity.report import job_loggers
+
+    for name in job_loggers():
+        logging.getLogger(name).removeHandler(handler)
+    handler.close()
 
 
 def use_cpu_share(share: float | None, logger: logging.Logger | None = None) -> int | None:
@@ -62,8 +74,53 @@ def use_cpu_share(share: float | None, logger: logging.Logger | None = None) -> 
     return threads
 
 
+class _StageActor:
+    """What both actors share: the role's part of one stage, built in this process, and built
+    anew in place for the job's next stage (:meth:`restart`)."""
+
+    logger: logging.Logger
+    _log_file: logging.Handler | None = None
+    _threads: int | None = None  # torch's thread count before any share was applied
+
+    def _start(self, config: Config, cpu_share: float | None) -> None:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        """Release what the previous stage's part holds (engines, servers, model, optimizer)."""
+        raise NotImplementedError
+
+    def _set_up(self, config: Config, actor_name: str, cpu_share: float | None) -> None:
+        import torch
+
+        if self._log_file is not None:
+            _drop_log_file(self._log_file)
+        self.logger, self._log_file = _setup_actor(config, actor_name)
+        if self._threads is None:
+            self._threads = torch.get_num_threads()
+        elif cpu_share is None:
+            torch.set_num_threads(self._threads)  # not the previous stage's share
+        use_cpu_share(cpu_share, self.logger)
+
+    def ready(self) -> bool:
+        return True
+
+    def restart(self, config: Config, cpu_share: float | None = None) -> bool:
+        """Serve the job's next stage (``config``) from this process: the previous stage's part
+        is stopped, then built from ``config`` as a new actor would build it. Saves the new
+        process, its imports (torch, transformers: seconds each stage) and warm-up."""
+        import torch
+
+        self._stop()
+        gc.collect()  # the previous stage's model and optimizer, before the next one loads
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # and their GPU blocks, for the next stage's model
+        self._start(config, cpu_share)
+        self.logger.info("restarted in place: process %d served the job's previous stage too", os.getpid())
+        return True
+
+
 @ray.remote
-class ExplorerActor:
+class ExplorerActor(_StageActor):
     """The explorer in its own process.
 
     After every step it saves its position (step and taskset readers) to
@@ -73,10 +130,12 @@ class ExplorerActor:
     """
 
     def __init__(self, config: Config, cpu_share: float | None = None) -> None:
+        self._start(config, cpu_share)
+
+    def _start(self, config: Config, cpu_share: float | None) -> None:
         from trinity.explorer.explorer import Explorer
 
-        self.logger = _setup_actor(config, config.explorer.name)
-        use_cpu_share(cpu_share, self.logger)
+        self._set_up(config, config.explorer.name, cpu_share)
         self.config = config
         self.explorer = Explorer(config)
         self.state_file = Path(config.checkpoint_job_dir) / "explorer_state.json"
@@ -91,8 +150,9 @@ class ExplorerActor:
             # not look exhausted to it. Every step up to the current one is written.
             self.explorer.writer.end_step(self.explorer.explore_step_num)
 
-    def ready(self) -> bool:
-        return True
+    def _stop(self) -> None:
+        self.explorer.shutdown()
+        del self.explorer
 
     def current_step(self) -> int:
         return self.explorer.explore_step_num
@@ -164,18 +224,21 @@ class ExplorerActor:
 
 
 @ray.remote
-class TrainerActor:
+class TrainerActor(_StageActor):
     """The trainer in its own process."""
 
     def __init__(self, config: Config, cpu_share: float | None = None) -> None:
+        self._start(config, cpu_share)
+
+    def _start(self, config: Config, cpu_share: float | None) -> None:
         from trinity.trainer.trainer import Trainer
 
-        self.logger = _setup_actor(config, config.trainer.name)
-        use_cpu_share(cpu_share, self.logger)
+        self._set_up(config, config.trainer.name, cpu_share)
         self.trainer = Trainer(config)
 
-    def ready(self) -> bool:
-        return True
+    def _stop(self) -> None:
+        self.close_weight_group()
+        del self.trainer
 
     def current_step(self) -> int:
         return self.trainer.step

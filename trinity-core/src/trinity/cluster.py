@@ -406,7 +406,8 @@ def end_stage(
     ray: Any, config: Config, more_stages: bool, actor_names: Sequence[tuple[str, str]] = ()
 ) -> None:
     """What a stage leaves on Ray when it ends (its explorer and trainer actors are already
-    killed, and whatever they owned with them).
+    killed, and whatever they owned with them, or kept for the next stage: those own nothing
+    outside their process, :mod:`trinity.stage_actors`).
 
     A job that joined a cluster disconnects after each stage, as it always has (the cluster
     keeps running; the next stage connects again). A job on a Ray of its own keeps that Ray for
@@ -430,6 +431,16 @@ def end_stage(
 
         kill_queue_actor(exp.name or "experience", exp.ray_namespace)
     remove_placement_groups(ray)
+    wait_until_names_free(ray, actor_names)
+
+
+#: How long a stage's end waits for Ray to let go of its killed actors' names.
+_KILL_WAIT_S = 30.0
+
+
+def wait_until_names_free(ray: Any, actor_names: Sequence[tuple[str, str]]) -> None:
+    """Wait (up to :data:`_KILL_WAIT_S` in all) until Ray has let go of the names of killed
+    actors, given as ``(name, namespace)``: an actor started under a name still taken fails."""
     deadline = time.monotonic() + _KILL_WAIT_S
     for name, namespace in actor_names:
         while time.monotonic() < deadline:
@@ -438,10 +449,6 @@ def end_stage(
             except ValueError:
                 break  # gone, its name free
             time.sleep(0.05)
-
-
-#: How long a stage's end waits for Ray to let go of its killed actors' names.
-_KILL_WAIT_S = 30.0
 
 
 def remove_placement_groups(ray: Any) -> int:

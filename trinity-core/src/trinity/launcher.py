@@ -29,15 +29,20 @@ from trinity.step_loop import StepLoop, get, numbers, total_steps
 
 if TYPE_CHECKING:
     from trinity.config import Config
+    from trinity.stage_actors import StageActors
 
 logger = logging.getLogger("trinity.launcher")
 
 
 def run(config: Config) -> int:
     """Run all stages of ``config``; return the process exit code (:mod:`trinity.job`)."""
+    from trinity.stage_actors import StageActors
+
     report.setup_driver_logging()
     previous_checkpoint: str | None = None
     stages = stage_configs(config)
+    # A stage's actors serve the next stage too where it wants them as they are.
+    actors = StageActors()
     try:
         for index, stage in enumerate(stages):
             if previous_checkpoint is not None:
@@ -45,8 +50,9 @@ def run(config: Config) -> int:
                 stage = start_from(stage, previous_checkpoint)
             label = stage.name if len(stages) > 1 else config.name
             report.stage_starts(index, len(stages), label, stage.mode)
+            actors.next_stage = stages[index + 1] if index + 1 < len(stages) else None
             try:
-                result = run_stage(stage, more_stages=index + 1 < len(stages))
+                result = run_stage(stage, more_stages=index + 1 < len(stages), actors=actors)
             except KeyboardInterrupt as exc:
                 report.interrupted(exc)
                 return 128 + _stop_signal  # EXIT_INTERRUPTED (130) for Ctrl-C, 143 for SIGTERM
@@ -60,15 +66,17 @@ def run(config: Config) -> int:
             previous_checkpoint = result.final_checkpoint or previous_checkpoint
         return EXIT_OK
     finally:
-        _shutdown_ray()
+        _shutdown_ray(actors)
 
 
-def _shutdown_ray() -> None:
-    """Stop (or leave) the Ray the job's stages ran on, if a stage kept it for the next one."""
+def _shutdown_ray(actors: StageActors) -> None:
+    """Stop (or leave) the Ray the job's stages ran on, if a stage kept it for the next one,
+    with any actors kept for a stage that did not run."""
     import sys
 
     ray = sys.modules.get("ray")  # never imported: nothing to stop (and keep `run` light)
     if ray is not None and ray.is_initialized():
+        actors.kill_kept(ray)
         ray.shutdown()
 
 
@@ -83,10 +91,12 @@ def _init_ray(config: Config) -> Any:
         raise JobFailed(str(exc)) from None
 
 
-def run_stage(config: Config, *, more_stages: bool = False) -> StageResult:
+def run_stage(config: Config, *, more_stages: bool = False, actors: StageActors | None = None) -> StageResult:
     """Run one stage (one resolved config) to completion, recording its status in
     ``<job dir>/run_status.json`` (:mod:`trinity.run_status`). ``more_stages``: a later stage
-    of the job follows, and may reuse the Ray this one started (:func:`trinity.cluster.end_stage`)."""
+    of the job follows, and may reuse the Ray this one started (:func:`trinity.cluster.end_stage`).
+    ``actors``: the job's :class:`~trinity.stage_actors.StageActors` (what the previous stage
+    kept, and what the next one wants); by default the stage starts and kills its own."""
     from trinity.run_status import write_run_status
     from trinity.trainer.checkpoint import apply_continue_rule
 
@@ -98,14 +108,14 @@ def run_stage(config: Config, *, more_stages: bool = False) -> StageResult:
     start = _Start()
     if config.mode == "bench":
         # It evaluates another run's folder: that run's status stands.
-        return _run_stage(config, start, more_stages)
+        return _run_stage(config, start, more_stages, actors)
     job_dir = config.checkpoint_job_dir
     created = _first_missing(job_dir, config.checkpoint_root_dir)
     write_run_status(job_dir, "running")
     save_config(config)
     try:
         with _trainer_job_heartbeat(config):
-            result = _run_stage(config, start, more_stages)
+            result = _run_stage(config, start, more_stages, actors)
     except KeyboardInterrupt as exc:
         write_run_status(job_dir, "interrupted", f"stopped by {_stop_signal.name}")
         _remove_unstarted(config, created, start, exc)
@@ -205,13 +215,15 @@ def _remove_unstarted(config: Config, created: Path | None, start: _Start, exc: 
     exc.add_note(f"{job_dir} removed: this start stopped before its actors were up (nothing to keep)")
 
 
-def _run_stage(config: Config, start: _Start | None = None, more_stages: bool = False) -> StageResult:
-    from trinity.actors import ExplorerActor, TrainerActor
+def _run_stage(
+    config: Config, start: _Start | None = None, more_stages: bool = False, actors: StageActors | None = None
+) -> StageResult:
     from trinity.buffer.factory import check_buffer_is_free
     from trinity.cluster import end_stage
     from trinity.config.pipelines import trains_on_pipeline_output
     from trinity.monitor import get_monitor, get_monitors
-    from trinity.placement import actor_resources, cpu_shares, runs
+    from trinity.placement import cpu_shares, runs
+    from trinity.stage_actors import ROLES, StageActors, actor_options
     from trinity.sync import Synchronizer
 
     if (runs(config, "explorer") and config.mode not in ("bench", "serve")) or trains_on_pipeline_output(
@@ -250,7 +262,10 @@ def _run_stage(config: Config, start: _Start | None = None, more_stages: bool = 
         # The console progress bar is always on, following the role that paces the job.
         role = "trainer" if runs(config, "trainer") else "explorer"
         monitors[role].monitors.append(get_monitor("console", config, role, total))
-    actors: list[Any] = []
+    actors = actors or StageActors()
+    started: dict[str, tuple[Any, dict[str, Any]]] = {}  # role -> (actor, its Ray options)
+    result: StageResult | None = None
+    gpus = 0.0
     loop: StepLoop | None = None
     interrupted = False
     _INTERRUPTED.clear()
@@ -258,33 +273,30 @@ def _run_stage(config: Config, start: _Start | None = None, more_stages: bool = 
     previous_handlers = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     queue_job = None
     try:
-        explorer = trainer = None
         queue_job = _join_queue(config)
         gpus = ray.cluster_resources().get("GPU", 0)
-        resources = actor_resources(config, gpus)
         # A user's OMP_NUM_THREADS travels to the actors (above) and wins over our share.
         shares = {} if "OMP_NUM_THREADS" in os.environ else cpu_shares(config, gpus)
-        if runs(config, "explorer"):
-            # The namespace is explicit: a later stage runs on the Ray (and the driver's
-            # namespace) of the first.
-            explorer = ExplorerActor.options(
-                name=config.explorer.name, namespace=config.ray_namespace, **resources["explorer"]
-            ).remote(config, shares.get("explorer"))
-            actors.append(explorer)
-        if runs(config, "trainer"):
-            trainer = TrainerActor.options(
-                name=config.trainer.name, namespace=config.ray_namespace, **resources["trainer"]
-            ).remote(config, shares.get("trainer"))
-            actors.append(trainer)
+        up = []
+        for role in ROLES:
+            if runs(config, role):
+                actor, options, ready = actors.start(
+                    ray, config, role, actor_options(config, role, gpus), shares.get(role)
+                )
+                started[role] = (actor, options)
+                up.append(ready)
+        explorer, trainer = (started[role][0] if role in started else None for role in ROLES)
         # Construction errors surface here, with the actor named.
-        get(ray, [a.ready.remote() for a in actors], "starting actors")
+        get(ray, up, "starting actors")
         start.actors_ready = True
         if config.mode == "bench":
             metrics = get(ray, explorer.benchmark.remote(), "explorer benchmark")
             monitors["explorer"].log(numbers(metrics), 0)
-            return StageResult(config.name, 0, 0, None, metrics)
+            result = StageResult(config.name, 0, 0, None, metrics)
+            return result
         loop = StepLoop(ray, config, explorer, trainer, synchronizer, monitors, _INTERRUPTED)
-        return loop.run()
+        result = loop.run()
+        return result
     except KeyboardInterrupt:
         interrupted = True
         raise
@@ -298,15 +310,23 @@ def _run_stage(config: Config, start: _Start | None = None, more_stages: bool = 
                 ray.timeline(filename=str(job_dir / "monitor" / "timeline.json"))
         for monitor in monitors.values():
             monitor.close()
-        for actor in actors:
+        killed = []
+        for role, (actor, options) in started.items():
+            # A stage that ended well may hand its actor to the next (trinity.stage_actors).
+            if (
+                result is not None
+                and not result.shortfall
+                and actors.keep(config, role, actor, options, gpus)
+            ):
+                continue
             with contextlib.suppress(Exception):  # the actor may already be gone
                 ray.kill(actor)
+            killed.append((options["name"], options["namespace"]))
         if interrupted and loop is not None and loop.reader_position:
             _release_unfinished_reads(config, loop.reader_position)
         if queue_job is not None:
             _leave_queue(config, queue_job)
-        named = [(c.name, config.ray_namespace) for c in (config.explorer, config.trainer)]
-        end_stage(ray, config, more_stages, actor_names=named if actors else [])
+        end_stage(ray, config, more_stages, actor_names=killed)
 
 
 def _join_queue(config: Config) -> str | None:

@@ -39,7 +39,7 @@ def runs(config: Config, role: str) -> bool:
     return config.mode in _ROLE_MODES[role]
 
 
-def _model_in_actor(config: Config, role: str) -> bool:
+def model_in_actor(config: Config, role: str) -> bool:
     """Whether the role's model runs inside its actor's process (transformers engine, native
     trainer) rather than in workers of its own (vLLM, veRL)."""
     if role == "explorer":
@@ -56,9 +56,9 @@ def actor_resources(config: Config, cluster_gpus: float) -> dict[str, dict[str, 
     if config.mode == "colocate":
         cluster_gpus = min(cluster_gpus, 1.0)  # the roles share one GPU, whatever else is free
     explorer_gpus = 0.0
-    if runs(config, "explorer") and _model_in_actor(config, "explorer"):
+    if runs(config, "explorer") and model_in_actor(config, "explorer"):
         explorer_gpus = float(config.explorer.rollout_model.engine_num)
-    trainer_gpus = 1.0 if runs(config, "trainer") and _model_in_actor(config, "trainer") else 0.0
+    trainer_gpus = 1.0 if runs(config, "trainer") and model_in_actor(config, "trainer") else 0.0
     if explorer_gpus + trainer_gpus > cluster_gpus:
         if explorer_gpus and trainer_gpus and cluster_gpus >= 1:
             explorer_gpus = trainer_gpus = cluster_gpus / 2
@@ -108,7 +108,7 @@ def cpu_shares(config: Config, cluster_gpus: float) -> dict[str, float]:
     on_cpu = [
         role
         for role in ("explorer", "trainer")
-        if runs(config, role) and _model_in_actor(config, role) and "num_gpus" not in resources[role]
+        if runs(config, role) and model_in_actor(config, role) and "num_gpus" not in resources[role]
     ]
     # Roles that take turns never compete for the cores; roles that may compute at once split them.
     share = 1.0 if takes_turns(config) else 1.0 / max(1, len(on_cpu))

@@ -178,7 +178,7 @@ def test_a_start_that_fails_before_its_actors_leaves_no_folder(tmp_path, monkeyp
     (warmup, _) = _stages(tmp_path)
     root = tmp_path / "ckpt"
 
-    def run(config, start=None, more_stages=False):
+    def run(config, start=None, more_stages=False, actors=None):
         assert (root / "p" / "job" / "warmup" / "config.yaml").is_file()
         if fails == "after actors":
             start.actors_ready = True
@@ -204,7 +204,7 @@ def test_a_failed_start_keeps_a_folder_it_did_not_create(tmp_path, monkeypatch):
     (job_dir / "notes.txt").write_text("mine")
     monkeypatch.setattr(warmup, "continue_from_checkpoint", True)
 
-    def run(config, start=None, more_stages=False):
+    def run(config, start=None, more_stages=False, actors=None):
         raise launcher.JobFailed("starting actors: boom")
 
     monkeypatch.setattr(launcher, "_run_stage", run)

@@ -94,7 +94,7 @@ def test_a_job_whose_second_stage_fails_stops_the_ray_its_first_stage_kept(stage
 
     calls = []
 
-    def run_stage(config, *, more_stages=False):
+    def run_stage(config, *, more_stages=False, actors=None):
         calls.append((config.name, more_stages))
         if len(calls) == 1:
             ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="ERROR")

@@ -570,6 +570,7 @@ class Explorer:
         """Stop OpenAI servers and engines."""
         if self.partial is not None:
             self.partial.drop_all(self.model_version)
+            self.partial.pool.close()
         self._close_eval_pool()
         for model in [*self.models, *self.auxiliary_models]:
             model.close()

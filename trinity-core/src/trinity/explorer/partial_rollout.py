@@ -179,6 +179,13 @@ class CarryingRunnerPool(RunnerPool):
             self._loop = loop
         return self._loop
 
+    def close(self) -> None:
+        """Stop the pool's event loop and its thread (call after :meth:`PartialRollouts.drop_all`:
+        the process may serve a later stage, which has a pool of its own)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop = None
+
 
 class PartialRollouts:
     """The explorer's side of partial rollouts: pause the ``engines`` at a step's cut, resume
