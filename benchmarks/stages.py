@@ -25,34 +25,33 @@ from pathlib import Path
 
 from _stats import bootstrap, interval  # benchmarks/_stats.py, beside this script
 
-CONFIG = """
-project: bench
-name: stages
-checkpoint_root_dir: {root}/{label}
-algorithm: {{algorithm_type: grpo, repeat_times: 4, optimizer: {{lr: 1.0e-3}}}}
-model: {{model_path: {root}/model, max_prompt_tokens: 32, max_response_tokens: 16}}
-buffer:
-  batch_size: 4
-  total_steps: 2
-  explorer_input:
-    taskset:
-      name: sums
-      path: {root}/data
-      split: train
-      format: {{prompt_key: question, response_key: answer, system_prompt: ""}}
-      rollout_args: {{temperature: 1.0}}
-    default_workflow_type: math_workflow
-    default_reward_fn_type: math_reward
-  trainer_input: {{experience_buffer: {{name: experiences, storage_type: queue}}}}
-explorer:
-  runner_per_model: 4
-  rollout_model: {{engine_type: transformers, dtype: float32, seed: 0}}
-synchronizer: {{sync_method: memory, sync_interval: 1}}
-trainer: {{trainer_type: native, save_interval: 2, dtype: float32, seed: 0}}
-monitor: {{monitor_type: tensorboard}}
-stages:
-{stages}
-"""
+
+def _job(root: Path, label: str, stages: int) -> dict:
+    """The tiny math job (:func:`trinity.testing.jobs.tiny_job`) as ``stages`` stages of two
+    GRPO steps, 4 tasks x 4 rollouts each, memory sync, a queue buffer."""
+    from trinity.testing.jobs import tiny_job, tiny_taskset
+
+    return tiny_job(
+        root,
+        project="bench",
+        name="stages",
+        checkpoint_root_dir=f"{root}/{label}",
+        algorithm={"repeat_times": 4, "optimizer": {"lr": 1.0e-3}},
+        model={"max_prompt_tokens": 32, "max_response_tokens": 16},
+        buffer={
+            "batch_size": 4,
+            "total_steps": 2,
+            "explorer_input": {"taskset": tiny_taskset(root, name="sums", rollout_args={"temperature": 1.0})},
+            "trainer_input": {
+                "experience_buffer": {"name": "experiences", "storage_type": "queue", "path": None}
+            },
+        },
+        explorer={"runner_per_model": 4, "rollout_model": {"seed": 0}},
+        synchronizer={"sync_method": "memory", "sync_interval": 1},
+        trainer={"save_interval": 2, "seed": 0},
+        stages=[{"stage_name": f"s{i}"} for i in range(stages)],
+    )
+
 
 #: ``trinity run`` with every stage starting new actors (the behaviour before actors were kept).
 NEW_ACTORS = (
@@ -63,10 +62,10 @@ NEW_ACTORS = (
 
 def _run(root: Path, label: str, stages: int, keep: bool) -> float:
     """Wall time of one job; its final weights are under ``root/label``."""
+    from trinity.testing.jobs import write_job
+
     shutil.rmtree(root / label, ignore_errors=True)
-    names = "\n".join(f"  - stage_name: s{i}" for i in range(stages))
-    path = root / f"{label}.yaml"
-    path.write_text(CONFIG.format(root=root, label=label, stages=names))
+    path = write_job(root / f"{label}.yaml", _job(root, label, stages))
     args = ["-m", "trinity.cli"] if keep else ["-c", NEW_ACTORS]
     start = time.perf_counter()
     proc = subprocess.run(
@@ -85,12 +84,10 @@ def _run(root: Path, label: str, stages: int, keep: bool) -> float:
     return wall
 
 
-def _final_weights(root: Path, label: str, stages: int) -> dict:
+def _weights(path: Path) -> dict:
     from safetensors.torch import load_file
 
-    return load_file(
-        root / label / "bench" / "stages" / f"s{stages - 1}" / "global_step_2" / "model.safetensors"
-    )
+    return load_file(path / "model.safetensors")
 
 
 def main() -> None:
@@ -118,11 +115,10 @@ def main() -> None:
             (kept if keep else new).append(wall)
         print(f"repeat {repeat + 1}: kept actors {kept[-1]:.1f} s, new actors {new[-1]:.1f} s", flush=True)
 
-    a, b = _final_weights(root, "kept", args.stages), _final_weights(root, "new", args.stages)
+    final = Path("bench") / "stages" / f"s{args.stages - 1}" / "global_step_2"
+    a, b = _weights(root / "kept" / final), _weights(root / "new" / final)
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
-    from safetensors.torch import load_file
-
-    initial = load_file(root / "model" / "model.safetensors")
+    initial = _weights(root / "model")
     moved = max((a[k] - initial[k]).abs().max().item() for k in a)
     ratios = [n / k for k, n in zip(kept, new)]
     low_high = interval(bootstrap(ratios, statistics.median))

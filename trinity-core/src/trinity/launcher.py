@@ -223,7 +223,7 @@ def _run_stage(
     from trinity.config.pipelines import trains_on_pipeline_output
     from trinity.monitor import get_monitor, get_monitors
     from trinity.placement import cpu_shares, runs
-    from trinity.stage_actors import ROLES, StageActors, actor_options
+    from trinity.stage_actors import ROLES, StageActors, actor_options, kill_actors
     from trinity.sync import Synchronizer
 
     if (runs(config, "explorer") and config.mode not in ("bench", "serve")) or trains_on_pipeline_output(
@@ -310,18 +310,16 @@ def _run_stage(
                 ray.timeline(filename=str(job_dir / "monitor" / "timeline.json"))
         for monitor in monitors.values():
             monitor.close()
-        killed = []
-        for role, (actor, options) in started.items():
-            # A stage that ended well may hand its actor to the next (trinity.stage_actors).
-            if (
-                result is not None
-                and not result.shortfall
-                and actors.keep(config, role, actor, options, gpus)
-            ):
-                continue
-            with contextlib.suppress(Exception):  # the actor may already be gone
-                ray.kill(actor)
-            killed.append((options["name"], options["namespace"]))
+        # A stage that ended well may hand its actors to the next (trinity.stage_actors).
+        ended_well = result is not None and not result.shortfall
+        killed = kill_actors(
+            ray,
+            [
+                (actor, options)
+                for role, (actor, options) in started.items()
+                if not (ended_well and actors.keep(config, role, actor, options, gpus))
+            ],
+        )
         if interrupted and loop is not None and loop.reader_position:
             _release_unfinished_reads(config, loop.reader_position)
         if queue_job is not None:

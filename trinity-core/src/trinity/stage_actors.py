@@ -108,7 +108,13 @@ class StageActors:
     def _kill(ray: Any, actors: list[tuple[Any, dict[str, Any]]]) -> None:
         from trinity.cluster import wait_until_names_free
 
-        for actor, _ in actors:
-            with contextlib.suppress(Exception):  # the actor may already be gone
-                ray.kill(actor)
-        wait_until_names_free(ray, [(options["name"], options["namespace"]) for _, options in actors])
+        wait_until_names_free(ray, kill_actors(ray, actors))
+
+
+def kill_actors(ray: Any, actors: list[tuple[Any, dict[str, Any]]]) -> list[tuple[str, str]]:
+    """Kill ``(actor, its Ray options)`` pairs; returns their ``(name, namespace)``, which Ray
+    lets go of shortly after (:func:`trinity.cluster.wait_until_names_free`)."""
+    for actor, _ in actors:
+        with contextlib.suppress(Exception):  # the actor may already be gone
+            ray.kill(actor)
+    return [(options["name"], options["namespace"]) for _, options in actors]
